@@ -1,0 +1,671 @@
+//! The record-level layer API: any Burn module seen as an ordered table of named tensors.
+//!
+//! A [`ParamTable`] holds one flattened device tensor per parameter or buffer of a module, in the
+//! module's visiting order, under its dotted path (`conv1.weight`, `bn1.running_var`). Tensors are
+//! grouped into **layers** (all tensors of one leaf module: a convolution's weight and bias, a
+//! BatchNorm's gamma, beta and running statistics) and, when the model declares them, **blocks**
+//! (ordered groups of layers with input and output shapes, e.g. a residual unit).
+//!
+//! Every operation works on device tensors; table values are reference-counted handles, so
+//! dispatching a table to a client or permuting layers between models never copies weights.
+//!
+//! Burn 0.22 traps this module takes care of (each has a test):
+//! - `Module::clone()` shares BatchNorm running statistics between clones: [`ParamTable::load_into`]
+//!   first detaches the target with `valid()`, so loaded copies never share state.
+//! - A visited running statistic is one batch stale until synced: [`ParamTable::from_module`]
+//!   reads `module.valid()`, which syncs.
+//! - A value loaded into an autodiff model must be re-attached to autodiff, or training silently
+//!   stops: loading keeps each target parameter's device, autodiff context and `require_grad`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::tensor::{Device, Tensor, TensorData};
+use rand::Rng;
+use rand::seq::SliceRandom;
+
+/// Errors of the layer API.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    /// Two tables (or a table and a module) do not have the same parameters.
+    #[error("parameter layouts differ: {0}")]
+    LayoutMismatch(String),
+    /// An operation needs at least one table.
+    #[error("no tables given")]
+    Empty,
+    /// Weights must be finite, non-negative and not all zero.
+    #[error("invalid averaging weights: {0}")]
+    BadWeights(String),
+    /// A model's block declaration does not cover its layers exactly once.
+    #[error("invalid block declaration: {0}")]
+    BadBlocks(String),
+    /// A granularity that cannot be applied.
+    #[error("invalid granularity: {0}")]
+    BadGranularity(String),
+    /// Tensor data could not be read back from the device.
+    #[error("cannot read tensor data: {0}")]
+    Data(String),
+}
+
+/// Whether a tensor is trained by the optimiser or is a statistic updated in the forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ParamKind {
+    /// A trainable parameter (weights, biases, BatchNorm gamma/beta).
+    Trainable,
+    /// A buffer such as a BatchNorm running mean or variance.
+    Buffer,
+}
+
+/// Names of the buffers Burn's normalisation layers keep (Burn's visitor does not tell them apart
+/// from parameters, so they are recognised by field name).
+const BUFFER_NAMES: [&str; 2] = ["running_mean", "running_var"];
+
+/// A model-declared group of layers, with the shapes it maps between (batch dimension omitted).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BlockSpec {
+    /// A readable name, e.g. `stage1.unit0`.
+    pub name: String,
+    /// Path prefixes of the modules in this block (`conv1` matches `conv1.weight`, `conv1.bias`).
+    pub modules: Vec<String>,
+    /// Shape of the block's input, e.g. `[16, 32, 32]`.
+    pub input_shape: Vec<usize>,
+    /// Shape of the block's output.
+    pub output_shape: Vec<usize>,
+}
+
+/// One tensor's description in a [`Layout`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Dotted module path, e.g. `fc1.weight`.
+    pub name: String,
+    /// The tensor's shape in the module.
+    pub shape: Vec<usize>,
+    /// Trainable parameter or buffer.
+    pub kind: ParamKind,
+    /// Index of the layer it belongs to.
+    pub layer: usize,
+}
+
+/// The shared description of a table: tensor names and shapes, layers and blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    tensors: Vec<TensorInfo>,
+    layers: Vec<(String, Vec<usize>)>,
+    blocks: Vec<(BlockSpec, Vec<usize>)>,
+}
+
+impl Layout {
+    fn new(tensors: Vec<(String, Vec<usize>)>) -> Self {
+        let mut layers: Vec<(String, Vec<usize>)> = Vec::new();
+        let mut infos = Vec::with_capacity(tensors.len());
+        for (i, (name, shape)) in tensors.into_iter().enumerate() {
+            let (prefix, leaf) = name.rsplit_once('.').unwrap_or(("", name.as_str()));
+            let kind = if BUFFER_NAMES.contains(&leaf) {
+                ParamKind::Buffer
+            } else {
+                ParamKind::Trainable
+            };
+            let layer = match layers.iter().position(|(l, _)| l == prefix) {
+                Some(l) => l,
+                None => {
+                    layers.push((prefix.to_string(), Vec::new()));
+                    layers.len() - 1
+                }
+            };
+            layers[layer].1.push(i);
+            infos.push(TensorInfo {
+                name,
+                shape,
+                kind,
+                layer,
+            });
+        }
+        Self {
+            tensors: infos,
+            layers,
+            blocks: Vec::new(),
+        }
+    }
+
+    /// The tensors, in module order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// Layer names (module paths) with the indices of their tensors.
+    pub fn layers(&self) -> &[(String, Vec<usize>)] {
+        &self.layers
+    }
+
+    /// Declared blocks with the indices of their tensors (empty if the model declared none).
+    pub fn blocks(&self) -> &[(BlockSpec, Vec<usize>)] {
+        &self.blocks
+    }
+
+    fn with_blocks(mut self, specs: Vec<BlockSpec>) -> Result<Self, LayerError> {
+        let mut owner: Vec<Option<usize>> = vec![None; self.tensors.len()];
+        let mut blocks = Vec::with_capacity(specs.len());
+        for (b, spec) in specs.into_iter().enumerate() {
+            let mut members = Vec::new();
+            for prefix in &spec.modules {
+                let matched: Vec<usize> = (0..self.tensors.len())
+                    .filter(|&i| {
+                        let n = &self.tensors[i].name;
+                        n.strip_prefix(prefix.as_str())
+                            .is_some_and(|rest| rest.starts_with('.'))
+                    })
+                    .collect();
+                if matched.is_empty() {
+                    return Err(LayerError::BadBlocks(format!(
+                        "block '{}' names module '{prefix}', which has no tensors",
+                        spec.name
+                    )));
+                }
+                for i in matched {
+                    if let Some(other) = owner[i].replace(b) {
+                        return Err(LayerError::BadBlocks(format!(
+                            "tensor '{}' is in blocks {other} and {b}",
+                            self.tensors[i].name
+                        )));
+                    }
+                    members.push(i);
+                }
+            }
+            members.sort_unstable();
+            blocks.push((spec, members));
+        }
+        if let Some(i) = owner.iter().position(Option::is_none) {
+            return Err(LayerError::BadBlocks(format!(
+                "tensor '{}' belongs to no block",
+                self.tensors[i].name
+            )));
+        }
+        self.blocks = blocks;
+        Ok(self)
+    }
+
+    fn check_same(&self, other: &Layout) -> Result<(), LayerError> {
+        if self.tensors.len() != other.tensors.len() {
+            return Err(LayerError::LayoutMismatch(format!(
+                "{} tensors vs {}",
+                self.tensors.len(),
+                other.tensors.len()
+            )));
+        }
+        for (a, b) in self.tensors.iter().zip(&other.tensors) {
+            if a.name != b.name || a.shape != b.shape {
+                return Err(LayerError::LayoutMismatch(format!(
+                    "'{}' {:?} vs '{}' {:?}",
+                    a.name, a.shape, b.name, b.shape
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The unit that [`recombine`] permutes across models.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "level", rename_all = "kebab-case")]
+pub enum Granularity {
+    /// Every tensor on its own (weight, bias and each BatchNorm statistic independently).
+    Tensor,
+    /// All tensors of one layer move together.
+    Layer,
+    /// All tensors of one declared block move together.
+    Block,
+    /// The layers cut into `⌈1/fraction⌉` contiguous segments; `fraction = 1` moves whole models.
+    Segments {
+        /// Fraction of the layers in one segment, in `(0, 1]`.
+        fraction: f64,
+    },
+}
+
+/// A model as an ordered table of named, flattened device tensors. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct ParamTable {
+    layout: Arc<Layout>,
+    values: Vec<Tensor<1>>,
+}
+
+struct Extractor {
+    path: Vec<String>,
+    tensors: Vec<(String, Vec<usize>)>,
+    values: Vec<Tensor<1>>,
+}
+
+impl ModuleVisitor for Extractor {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let tensor = param.val();
+        let shape = tensor.dims().to_vec();
+        let numel = shape.iter().product::<usize>();
+        self.tensors.push((self.path.join("."), shape));
+        self.values.push(tensor.reshape([numel]));
+    }
+}
+
+struct Loader<'a> {
+    values: &'a [Tensor<1>],
+    layout: &'a Layout,
+    next: usize,
+    error: Option<LayerError>,
+}
+
+impl ModuleMapper for Loader<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let i = self.next;
+        self.next += 1;
+        let Some(info) = self.layout.tensors.get(i) else {
+            self.error
+                .get_or_insert(LayerError::LayoutMismatch("module has more tensors than the table".into()));
+            return param;
+        };
+        let target: Vec<usize> = param.lazy_shape().as_slice().to_vec();
+        if target != info.shape {
+            self.error.get_or_insert(LayerError::LayoutMismatch(format!(
+                "tensor {i} ('{}') is {:?} in the table but {target:?} in the module",
+                info.name, info.shape
+            )));
+            return param;
+        }
+        let dims: [usize; D] = target.try_into().expect("rank checked by shape equality");
+        let value = self.values[i].clone().reshape(dims);
+        let id = param.id;
+        // Keeps the parameter's device (with its autodiff context) and require_grad setting.
+        param.transform_for_load(value, id)
+    }
+}
+
+impl ParamTable {
+    /// Reads every float tensor of `module`, synced and detached (through `module.valid()`).
+    pub fn from_module<M: Module>(module: &M) -> Self {
+        Self::from_module_tracked(&module.valid())
+    }
+
+    /// Reads `module`'s tensors as they are, keeping the autodiff graph: for loss terms over
+    /// parameters (FedProx, ...). BatchNorm statistics may be one update stale.
+    pub fn from_module_tracked<M: Module>(module: &M) -> Self {
+        let mut ex = Extractor {
+            path: Vec::new(),
+            tensors: Vec::new(),
+            values: Vec::new(),
+        };
+        module.visit(&mut ex);
+        Self {
+            layout: Arc::new(Layout::new(ex.tensors)),
+            values: ex.values,
+        }
+    }
+
+    /// Like [`from_module`](Self::from_module), also attaching the model's declared blocks.
+    pub fn from_module_with_blocks<M: Module>(
+        module: &M,
+        blocks: Vec<BlockSpec>,
+    ) -> Result<Self, LayerError> {
+        let table = Self::from_module(module);
+        let layout = Arc::unwrap_or_clone(table.layout).with_blocks(blocks)?;
+        Ok(Self {
+            layout: Arc::new(layout),
+            values: table.values,
+        })
+    }
+
+    /// Writes this table's values into `module` and returns it.
+    ///
+    /// The module is first detached with `valid()` (so the result shares no BatchNorm state with
+    /// clones of the input) and, if its parameters were on an autodiff device, put back into
+    /// training mode with `train()`. Parameter ids, devices and `require_grad` are kept, so an
+    /// optimiser created for the result works as for any freshly built module.
+    pub fn load_into<M: Module>(&self, module: M) -> Result<M, LayerError> {
+        let autodiff = module.devices().iter().any(Device::is_autodiff);
+        let detached = module.valid();
+        let mut loader = Loader {
+            values: &self.values,
+            layout: &self.layout,
+            next: 0,
+            error: None,
+        };
+        let loaded = detached.map(&mut loader);
+        if let Some(e) = loader.error {
+            return Err(e);
+        }
+        if loader.next != self.values.len() {
+            return Err(LayerError::LayoutMismatch(format!(
+                "module has {} tensors, the table {}",
+                loader.next,
+                self.values.len()
+            )));
+        }
+        Ok(if autodiff { loaded.train() } else { loaded })
+    }
+
+    /// The shared layout (names, shapes, layers, blocks).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The flattened tensors, in layout order.
+    pub fn values(&self) -> &[Tensor<1>] {
+        &self.values
+    }
+
+    /// Builds a table with the same layout and new values (one per tensor, same sizes).
+    pub fn with_values(&self, values: Vec<Tensor<1>>) -> Result<Self, LayerError> {
+        if values.len() != self.values.len() {
+            return Err(LayerError::LayoutMismatch(format!(
+                "{} values for {} tensors",
+                values.len(),
+                self.values.len()
+            )));
+        }
+        Ok(Self {
+            layout: self.layout.clone(),
+            values,
+        })
+    }
+
+    /// Number of scalar values.
+    pub fn num_elements(&self) -> usize {
+        self.layout
+            .tensors
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>())
+            .sum()
+    }
+
+    /// Size in bytes when sent over a network as `f32`.
+    pub fn byte_size(&self) -> usize {
+        self.num_elements() * std::mem::size_of::<f32>()
+    }
+
+    /// The device the tensors live on.
+    pub fn device(&self) -> Device {
+        self.values[0].device()
+    }
+
+    fn check_same(&self, other: &Self) -> Result<(), LayerError> {
+        if Arc::ptr_eq(&self.layout, &other.layout) {
+            return Ok(());
+        }
+        self.layout.check_same(&other.layout)
+    }
+
+    /// Weighted average `Σ wᵢ·tableᵢ / Σ wᵢ` of tables with one layout (e.g. FedAvg by sample
+    /// counts). `weights = None` is the unweighted mean.
+    pub fn average(tables: &[ParamTable], weights: Option<&[f64]>) -> Result<Self, LayerError> {
+        let first = tables.first().ok_or(LayerError::Empty)?;
+        for t in &tables[1..] {
+            first.check_same(t)?;
+        }
+        let w: Vec<f64> = match weights {
+            None => vec![1.0; tables.len()],
+            Some(w) if w.len() != tables.len() => {
+                return Err(LayerError::BadWeights(format!(
+                    "{} weights for {} tables",
+                    w.len(),
+                    tables.len()
+                )));
+            }
+            Some(w) => w.to_vec(),
+        };
+        let total: f64 = w.iter().sum();
+        if w.iter().any(|x| !x.is_finite() || *x < 0.0) || total <= 0.0 {
+            return Err(LayerError::BadWeights(format!("{w:?}")));
+        }
+        let values = (0..first.values.len())
+            .map(|i| {
+                let mut acc = first.values[i].clone().mul_scalar(w[0] / total);
+                for (t, wk) in tables.iter().zip(&w).skip(1) {
+                    acc = acc.add(t.values[i].clone().mul_scalar(wk / total));
+                }
+                acc
+            })
+            .collect();
+        Ok(Self {
+            layout: first.layout.clone(),
+            values,
+        })
+    }
+
+    /// `alpha·self + (1 − alpha)·other`, tensor by tensor (FedCross's fusion).
+    pub fn mix(&self, other: &Self, alpha: f64) -> Result<Self, LayerError> {
+        self.check_same(other)?;
+        let values = self
+            .values
+            .iter()
+            .zip(&other.values)
+            .map(|(a, b)| a.clone().mul_scalar(alpha).add(b.clone().mul_scalar(1.0 - alpha)))
+            .collect();
+        Ok(Self {
+            layout: self.layout.clone(),
+            values,
+        })
+    }
+
+    /// Applies `f` to every tensor whose kind is `kind`; other tensors are kept as they are.
+    pub fn map_kind(&self, kind: ParamKind, f: impl Fn(Tensor<1>) -> Tensor<1>) -> Self {
+        let values = self
+            .values
+            .iter()
+            .zip(&self.layout.tensors)
+            .map(|(v, info)| if info.kind == kind { f(v.clone()) } else { v.clone() })
+            .collect();
+        Self {
+            layout: self.layout.clone(),
+            values,
+        }
+    }
+
+    /// Per-layer `(Σx·y, ‖x‖², ‖y‖²)` over the given tensor kinds, read back in one transfer.
+    fn layer_products(&self, other: &Self) -> Result<Vec<[f64; 3]>, LayerError> {
+        self.check_same(other)?;
+        let parts: Vec<Tensor<1>> = self
+            .values
+            .iter()
+            .zip(&other.values)
+            .flat_map(|(a, b)| {
+                [
+                    a.clone().mul(b.clone()).sum(),
+                    a.clone().square().sum(),
+                    b.clone().square().sum(),
+                ]
+            })
+            .collect();
+        let host = host_f32(Tensor::cat(parts, 0))?;
+        let mut layers = vec![[0.0f64; 3]; self.layout.layers.len()];
+        for (i, info) in self.layout.tensors.iter().enumerate() {
+            for k in 0..3 {
+                layers[info.layer][k] += host[3 * i + k] as f64;
+            }
+        }
+        Ok(layers)
+    }
+
+    /// Cosine similarity of the two models as flat vectors.
+    pub fn cosine_similarity(&self, other: &Self) -> Result<f64, LayerError> {
+        let [dot, xx, yy] = sum3(&self.layer_products(other)?);
+        Ok(dot / (xx.sqrt() * yy.sqrt()).max(f64::MIN_POSITIVE))
+    }
+
+    /// Cosine similarity per layer, in layer order.
+    pub fn layer_cosine_similarity(&self, other: &Self) -> Result<Vec<f64>, LayerError> {
+        Ok(self
+            .layer_products(other)?
+            .into_iter()
+            .map(|[dot, xx, yy]| dot / (xx.sqrt() * yy.sqrt()).max(f64::MIN_POSITIVE))
+            .collect())
+    }
+
+    /// Euclidean distance of the two models as flat vectors.
+    pub fn l2_distance(&self, other: &Self) -> Result<f64, LayerError> {
+        let [dot, xx, yy] = sum3(&self.layer_products(other)?);
+        Ok((xx + yy - 2.0 * dot).max(0.0).sqrt())
+    }
+
+    /// Euclidean distance per layer, in layer order.
+    pub fn layer_l2_distance(&self, other: &Self) -> Result<Vec<f64>, LayerError> {
+        Ok(self
+            .layer_products(other)?
+            .into_iter()
+            .map(|[dot, xx, yy]| (xx + yy - 2.0 * dot).max(0.0).sqrt())
+            .collect())
+    }
+
+    /// Copies all values to the host, one `Vec<f32>` per tensor (for checkpoints and tests).
+    pub fn to_host(&self) -> Result<Vec<Vec<f32>>, LayerError> {
+        self.values.iter().map(|v| host_f32(v.clone())).collect()
+    }
+
+    /// Builds a table with this layout from host values on `device`.
+    pub fn from_host(&self, host: Vec<Vec<f32>>, device: &Device) -> Result<Self, LayerError> {
+        let values = host
+            .into_iter()
+            .zip(&self.layout.tensors)
+            .map(|(v, info)| {
+                let n = info.shape.iter().product::<usize>();
+                if v.len() != n {
+                    return Err(LayerError::LayoutMismatch(format!(
+                        "'{}' needs {n} values, got {}",
+                        info.name,
+                        v.len()
+                    )));
+                }
+                Ok(Tensor::from_data(TensorData::new(v, [n]), device))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.with_values(values)
+    }
+
+    /// Named host values, e.g. to serialise (name → (shape, values)).
+    pub fn named_host(&self) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>, LayerError> {
+        Ok(self
+            .to_host()?
+            .into_iter()
+            .zip(&self.layout.tensors)
+            .map(|(v, info)| (info.name.clone(), info.shape.clone(), v))
+            .collect())
+    }
+
+    /// Loads named host values (as from [`named_host`](Self::named_host)) into this layout.
+    pub fn from_named_host(
+        &self,
+        mut named: HashMap<String, Vec<f32>>,
+        device: &Device,
+    ) -> Result<Self, LayerError> {
+        let host = self
+            .layout
+            .tensors
+            .iter()
+            .map(|info| {
+                named.remove(&info.name).ok_or_else(|| {
+                    LayerError::LayoutMismatch(format!("missing tensor '{}'", info.name))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(extra) = named.keys().next() {
+            return Err(LayerError::LayoutMismatch(format!("unexpected tensor '{extra}'")));
+        }
+        self.from_host(host, device)
+    }
+
+    /// Groups of tensor indices that move together at granularity `g`.
+    pub fn units(&self, g: Granularity) -> Result<Vec<Vec<usize>>, LayerError> {
+        let layout = &self.layout;
+        Ok(match g {
+            Granularity::Tensor => (0..layout.tensors.len()).map(|i| vec![i]).collect(),
+            Granularity::Layer => layout.layers.iter().map(|(_, t)| t.clone()).collect(),
+            Granularity::Block => {
+                if layout.blocks.is_empty() {
+                    return Err(LayerError::BadGranularity(
+                        "block granularity needs a model that declares its blocks".into(),
+                    ));
+                }
+                layout.blocks.iter().map(|(_, t)| t.clone()).collect()
+            }
+            Granularity::Segments { fraction } => {
+                if !(fraction > 0.0 && fraction <= 1.0) {
+                    return Err(LayerError::BadGranularity(format!(
+                        "segment fraction must be in (0, 1], got {fraction}"
+                    )));
+                }
+                let layers = layout.layers.len();
+                let count = ((1.0 / fraction).ceil() as usize).clamp(1, layers);
+                (0..count)
+                    .map(|s| {
+                        let (start, end) = (s * layers / count, (s + 1) * layers / count);
+                        layout.layers[start..end]
+                            .iter()
+                            .flat_map(|(_, t)| t.iter().copied())
+                            .collect()
+                    })
+                    .collect()
+            }
+        })
+    }
+}
+
+fn sum3(layers: &[[f64; 3]]) -> [f64; 3] {
+    layers.iter().fold([0.0; 3], |acc, l| [acc[0] + l[0], acc[1] + l[1], acc[2] + l[2]])
+}
+
+fn host_f32(t: Tensor<1>) -> Result<Vec<f32>, LayerError> {
+    t.into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| LayerError::Data(format!("{e:?}")))
+}
+
+/// The result of [`recombine`]: new models and, for each unit, which source model each new model
+/// took it from (`sources[unit][new_model] = old_model`).
+#[derive(Debug, Clone)]
+pub struct Recombination {
+    /// The recombined models.
+    pub models: Vec<ParamTable>,
+    /// Per unit, the permutation used.
+    pub sources: Vec<Vec<usize>>,
+}
+
+/// FedMR's recombination: for every unit at granularity `g`, an independent random permutation
+/// decides which source model gives that unit to each new model. Every source unit is used by
+/// exactly one new model, so the multiset of tensors (and their sum) is preserved.
+pub fn recombine<R: Rng>(
+    models: &[ParamTable],
+    g: Granularity,
+    rng: &mut R,
+) -> Result<Recombination, LayerError> {
+    let first = models.first().ok_or(LayerError::Empty)?;
+    for m in &models[1..] {
+        first.check_same(m)?;
+    }
+    let units = first.units(g)?;
+    let k = models.len();
+    let mut values: Vec<Vec<Tensor<1>>> = models.iter().map(|m| m.values.clone()).collect();
+    let mut sources = Vec::with_capacity(units.len());
+    for unit in &units {
+        let mut perm: Vec<usize> = (0..k).collect();
+        perm.shuffle(rng);
+        for (new, &old) in perm.iter().enumerate() {
+            for &t in unit {
+                values[new][t] = models[old].values[t].clone();
+            }
+        }
+        sources.push(perm);
+    }
+    Ok(Recombination {
+        models: values
+            .into_iter()
+            .map(|v| ParamTable {
+                layout: first.layout.clone(),
+                values: v,
+            })
+            .collect(),
+        sources,
+    })
+}

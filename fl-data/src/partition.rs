@@ -1,0 +1,296 @@
+//! Splitting a training set among clients.
+//!
+//! A [`Partition`] is a list of index lists into one shared [`Dataset`](crate::Dataset); it is
+//! deterministic in its seed and can be saved to / loaded from JSON.
+
+use std::path::Path;
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Gamma};
+
+use crate::DataError;
+
+/// How to split the training samples among clients.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum PartitionScheme {
+    /// Shuffle and deal equal shares (sizes differ by at most one).
+    Iid,
+    /// For every class, split its samples among clients by proportions drawn from
+    /// Dirichlet(α, …, α); redraw until every client has at least `min_size` samples, as the
+    /// FedMR/FedCross authors' code does (with a bounded number of attempts).
+    Dirichlet {
+        /// Concentration: small values (0.1) give very skewed label distributions.
+        alpha: f64,
+        /// Smallest number of samples any client may get.
+        min_size: usize,
+    },
+}
+
+/// How many full Dirichlet draws are tried before a setting is declared infeasible.
+pub const DIRICHLET_MAX_ATTEMPTS: usize = 1_000;
+
+/// Client index lists into a shared training set.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Partition {
+    /// `clients[i]` holds the training-set indices of client `i`.
+    pub clients: Vec<Vec<usize>>,
+}
+
+impl Partition {
+    /// Splits samples with `labels` (classes `0..num_classes`) among `num_clients` clients.
+    pub fn new(
+        scheme: &PartitionScheme,
+        labels: &[u16],
+        num_classes: usize,
+        num_clients: usize,
+        seed: u64,
+    ) -> Result<Self, DataError> {
+        if num_clients == 0 {
+            return Err(DataError::Partition("the number of clients must be at least 1".into()));
+        }
+        let min_size = match scheme {
+            PartitionScheme::Iid => 1,
+            PartitionScheme::Dirichlet { min_size, .. } => (*min_size).max(1),
+        };
+        if labels.len() < num_clients * min_size {
+            return Err(DataError::Partition(format!(
+                "{} training samples cannot give each of {num_clients} clients at least {min_size}",
+                labels.len()
+            )));
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        match scheme {
+            PartitionScheme::Iid => Ok(Self::iid(labels.len(), num_clients, &mut rng)),
+            PartitionScheme::Dirichlet { alpha, .. } => {
+                if !(alpha.is_finite() && *alpha > 0.0) {
+                    return Err(DataError::Partition(format!(
+                        "Dirichlet alpha must be a positive number, got {alpha}"
+                    )));
+                }
+                Self::dirichlet(labels, num_classes, num_clients, *alpha, min_size, &mut rng)
+            }
+        }
+    }
+
+    fn iid(n: usize, num_clients: usize, rng: &mut ChaCha8Rng) -> Self {
+        let mut order: Vec<usize> = (0..n).collect();
+        order.shuffle(rng);
+        let (base, extra) = (n / num_clients, n % num_clients);
+        let mut clients = Vec::with_capacity(num_clients);
+        let mut start = 0;
+        for i in 0..num_clients {
+            let len = base + usize::from(i < extra);
+            clients.push(order[start..start + len].to_vec());
+            start += len;
+        }
+        Self { clients }
+    }
+
+    /// The NIID-Bench / FedMR procedure: per class, Dirichlet proportions, zeroed for clients
+    /// already holding more than an equal share (which keeps sizes from exploding), then the
+    /// class's shuffled indices are cut at the cumulative proportions.
+    fn dirichlet(
+        labels: &[u16],
+        num_classes: usize,
+        num_clients: usize,
+        alpha: f64,
+        min_size: usize,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Self, DataError> {
+        let gamma = Gamma::new(alpha, 1.0)
+            .map_err(|e| DataError::Partition(format!("alpha {alpha}: {e}")))?;
+        let mut by_class = vec![Vec::new(); num_classes];
+        for (i, &l) in labels.iter().enumerate() {
+            by_class[l as usize].push(i);
+        }
+        let fair_share = labels.len() as f64 / num_clients as f64;
+        for _ in 0..DIRICHLET_MAX_ATTEMPTS {
+            let mut clients: Vec<Vec<usize>> = vec![Vec::new(); num_clients];
+            for class in &by_class {
+                let mut idx = class.clone();
+                idx.shuffle(rng);
+                let mut p: Vec<f64> = (0..num_clients).map(|_| gamma.sample(rng)).collect();
+                for (pj, c) in p.iter_mut().zip(&clients) {
+                    if c.len() as f64 >= fair_share {
+                        *pj = 0.0;
+                    }
+                }
+                let total: f64 = p.iter().sum();
+                if total <= 0.0 || !total.is_finite() {
+                    // All mass underflowed (tiny alpha): give the class to one random client.
+                    let j = rng.random_range(0..num_clients);
+                    clients[j].extend(idx);
+                    continue;
+                }
+                let mut cum = 0.0;
+                let mut start = 0;
+                for (j, pj) in p.iter().enumerate() {
+                    cum += pj / total;
+                    let end = if j + 1 == num_clients {
+                        idx.len()
+                    } else {
+                        ((cum * idx.len() as f64) as usize).min(idx.len())
+                    };
+                    clients[j].extend_from_slice(&idx[start..end.max(start)]);
+                    start = end.max(start);
+                }
+            }
+            if clients.iter().all(|c| c.len() >= min_size) {
+                return Ok(Self { clients });
+            }
+        }
+        Err(DataError::Partition(format!(
+            "no Dirichlet(alpha={alpha}) draw in {DIRICHLET_MAX_ATTEMPTS} attempts gave all {num_clients} clients at least {min_size} samples; use fewer clients, a larger alpha or a smaller minimum"
+        )))
+    }
+
+    /// Number of clients.
+    pub fn num_clients(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// Sample counts per client.
+    pub fn sizes(&self) -> Vec<usize> {
+        self.clients.iter().map(Vec::len).collect()
+    }
+
+    /// Per-client label counts (`hist[client][class]`).
+    pub fn label_histogram(&self, labels: &[u16], num_classes: usize) -> Vec<Vec<usize>> {
+        self.clients
+            .iter()
+            .map(|c| {
+                let mut h = vec![0; num_classes];
+                c.iter().for_each(|&i| h[labels[i] as usize] += 1);
+                h
+            })
+            .collect()
+    }
+
+    /// Checks that every index is below `n` and none is used twice, and that no client is empty.
+    pub fn validate(&self, n: usize) -> Result<(), DataError> {
+        let mut seen = vec![false; n];
+        for (c, indices) in self.clients.iter().enumerate() {
+            if indices.is_empty() {
+                return Err(DataError::Partition(format!("client {c} has no samples")));
+            }
+            for &i in indices {
+                if i >= n {
+                    return Err(DataError::Partition(format!(
+                        "client {c} refers to sample {i}, but the training set has {n}"
+                    )));
+                }
+                if std::mem::replace(&mut seen[i], true) {
+                    return Err(DataError::Partition(format!("sample {i} is given to two clients")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the partition as JSON.
+    pub fn save(&self, path: &Path) -> Result<(), DataError> {
+        let json = serde_json::to_vec(self).expect("a partition serialises");
+        std::fs::write(path, json).map_err(|source| DataError::Io {
+            path: path.into(),
+            source,
+        })
+    }
+
+    /// Reads a partition written by [`save`](Self::save).
+    pub fn load(path: &Path) -> Result<Self, DataError> {
+        let bytes = std::fs::read(path).map_err(|source| DataError::Io {
+            path: path.into(),
+            source,
+        })?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| DataError::corrupt(path, format!("not a partition file: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn labels(n: usize, classes: usize) -> Vec<u16> {
+        (0..n).map(|i| (i * 7 % classes) as u16).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn every_index_is_used_exactly_once(
+            n in 200usize..1500, clients in 1usize..20, alpha in 0.05f64..5.0, seed: u64, iid: bool
+        ) {
+            let labels = labels(n, 10);
+            let scheme = if iid { PartitionScheme::Iid } else { PartitionScheme::Dirichlet { alpha, min_size: 5 } };
+            match Partition::new(&scheme, &labels, 10, clients, seed) {
+                Ok(p) => {
+                    prop_assert_eq!(p.num_clients(), clients);
+                    p.validate(n).unwrap();
+                    prop_assert_eq!(p.sizes().iter().sum::<usize>(), n);
+                    if !iid { prop_assert!(p.sizes().iter().all(|&s| s >= 5)); }
+                    prop_assert_eq!(&p, &Partition::new(&scheme, &labels, 10, clients, seed).unwrap());
+                }
+                Err(e) => prop_assert!(!iid && e.to_string().contains("attempts"), "{}", e),
+            }
+        }
+    }
+
+    #[test]
+    fn iid_sizes_are_equal() {
+        let p = Partition::new(&PartitionScheme::Iid, &labels(103, 10), 10, 10, 1).unwrap();
+        assert!(p.sizes().iter().all(|&s| s == 10 || s == 11));
+    }
+
+    #[test]
+    fn small_alpha_skews_labels() {
+        let labels = labels(6000, 10);
+        let skew = |alpha| {
+            let scheme = PartitionScheme::Dirichlet { alpha, min_size: 10 };
+            let p = Partition::new(&scheme, &labels, 10, 20, 3).unwrap();
+            // Mean share of each client's most common class.
+            let h = p.label_histogram(&labels, 10);
+            h.iter()
+                .map(|c| *c.iter().max().unwrap() as f64 / c.iter().sum::<usize>() as f64)
+                .sum::<f64>()
+                / 20.0
+        };
+        assert!(skew(0.1) > 0.6, "alpha 0.1 should be dominated by few classes");
+        assert!(skew(100.0) < 0.2, "alpha 100 should be near uniform");
+    }
+
+    #[test]
+    fn impossible_settings_are_clear_errors() {
+        let l = labels(100, 10);
+        let dir = |alpha| PartitionScheme::Dirichlet { alpha, min_size: 10 };
+        let e = Partition::new(&dir(0.5), &l, 10, 11, 0).unwrap_err().to_string();
+        assert!(e.contains("cannot give each of 11 clients at least 10"), "{e}");
+        for bad in [0.0, -1.0, f64::NAN] {
+            let e = Partition::new(&dir(bad), &l, 10, 2, 0).unwrap_err().to_string();
+            assert!(e.contains("alpha must be a positive"), "{e}");
+        }
+        let e = Partition::new(&PartitionScheme::Iid, &l, 10, 0, 0).unwrap_err().to_string();
+        assert!(e.contains("at least 1"), "{e}");
+        // Feasible by count but (almost surely) never by a Dirichlet(0.01) draw: fails, bounded.
+        let e = Partition::new(&dir(0.01), &l, 10, 10, 0).unwrap_err().to_string();
+        assert!(e.contains("1000 attempts"), "{e}");
+    }
+
+    #[test]
+    fn json_round_trip_and_validation() {
+        let p = Partition::new(&PartitionScheme::Iid, &labels(50, 10), 10, 5, 9).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.json");
+        p.save(&path).unwrap();
+        assert_eq!(Partition::load(&path).unwrap(), p);
+        std::fs::write(&path, b"{\"clients\": [[1, 2], [2]]}").unwrap();
+        let e = Partition::load(&path).unwrap().validate(50).unwrap_err().to_string();
+        assert!(e.contains("sample 2 is given to two clients"), "{e}");
+        std::fs::write(&path, b"{oops").unwrap();
+        assert!(Partition::load(&path).unwrap_err().to_string().contains("not a partition file"));
+    }
+}

@@ -1,0 +1,254 @@
+//! Where a dataset's files come from.
+//!
+//! Resolution order: an explicit directory (`--data-dir`), `$FL_DATA_DIR` (the directory itself
+//! or its `<dataset>/` subfolder), known system paths (Debian's `dataset-fashion-mnist` package
+//! installs `/usr/share/datasets/fashion-mnist`), and finally — for Fashion-MNIST with the
+//! `embedded` feature — a copy of the 10k test set compiled into this crate.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+
+use crate::{DataError, Dataset, FederatedDataset, Normalization, idx};
+
+/// The datasets this crate can read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DatasetKind {
+    /// Zalando's Fashion-MNIST (IDX), 28×28 grey, 10 classes.
+    FashionMnist,
+    /// LeCun's MNIST digits (IDX), 28×28 grey, 10 classes.
+    Mnist,
+}
+
+impl FromStr for DatasetKind {
+    type Err = DataError;
+    fn from_str(s: &str) -> Result<Self, DataError> {
+        match s.to_ascii_lowercase().as_str() {
+            "fashion-mnist" | "fashion_mnist" | "fmnist" => Ok(Self::FashionMnist),
+            "mnist" => Ok(Self::Mnist),
+            _ => Err(DataError::UnknownDataset(s.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for DatasetKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl DatasetKind {
+    /// The canonical name, as used on the command line and in folder names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FashionMnist => "fashion-mnist",
+            Self::Mnist => "mnist",
+        }
+    }
+
+    /// Number of classes.
+    pub fn num_classes(self) -> usize {
+        10
+    }
+
+    /// Image shape `[channels, height, width]`.
+    pub fn image_shape(self) -> [usize; 3] {
+        [1, 28, 28]
+    }
+
+    /// The per-channel normalisation used for this dataset (the usual training-set statistics).
+    pub fn normalization(self) -> Normalization {
+        let (mean, std) = match self {
+            Self::FashionMnist => (0.2860, 0.3530),
+            Self::Mnist => (0.1307, 0.3081),
+        };
+        Normalization {
+            mean: vec![mean],
+            std: vec![std],
+        }
+    }
+
+    fn system_dirs(self) -> Vec<PathBuf> {
+        vec![PathBuf::from("/usr/share/datasets").join(self.name())]
+    }
+}
+
+const TRAIN_FILES: [&str; 2] = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte"];
+const TEST_FILES: [&str; 2] = ["t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"];
+
+/// Finds `name` or `name.gz` in `dir`.
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    [name.to_string(), format!("{name}.gz")]
+        .into_iter()
+        .map(|n| dir.join(n))
+        .find(|p| p.is_file())
+}
+
+fn has_idx_files(dir: &Path) -> bool {
+    TRAIN_FILES
+        .iter()
+        .chain(&TEST_FILES)
+        .all(|f| find_file(dir, f).is_some())
+}
+
+fn read_idx_dir(kind: DatasetKind, dir: &Path) -> Result<FederatedDataset, DataError> {
+    let file = |name: &str| {
+        find_file(dir, name).ok_or_else(|| DataError::Io {
+            path: dir.join(name),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "file not found (raw or .gz)"),
+        })
+    };
+    let c = kind.num_classes();
+    let train = idx::read_pair(&file(TRAIN_FILES[0])?, &file(TRAIN_FILES[1])?, c)?;
+    let test = idx::read_pair(&file(TEST_FILES[0])?, &file(TEST_FILES[1])?, c)?;
+    Ok(FederatedDataset {
+        name: kind.name().into(),
+        origin: dir.display().to_string(),
+        train,
+        test,
+        normalization: kind.normalization(),
+    })
+}
+
+/// Size of the training part when the embedded 10k test set is split deterministically.
+pub const EMBEDDED_TRAIN_SIZE: usize = 8_000;
+
+/// The embedded Fashion-MNIST copy: the official 10k test set, shuffled with a fixed seed and
+/// split into 8,000 training and 2,000 test samples.
+#[cfg(feature = "embedded")]
+pub fn embedded_fashion_mnist() -> Result<FederatedDataset, DataError> {
+    static IMAGES: &[u8] = include_bytes!("../data/t10k-images-idx3-ubyte.gz");
+    static LABELS: &[u8] = include_bytes!("../data/t10k-labels-idx1-ubyte.gz");
+    let all = idx::dataset_from_bytes(
+        &idx::inflate(IMAGES),
+        &idx::inflate(LABELS),
+        Path::new("<embedded images>"),
+        Path::new("<embedded labels>"),
+        10,
+    )?;
+    let mut order: Vec<usize> = (0..all.len()).collect();
+    order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(0x00F1_DA7A));
+    let (train, test) = order.split_at(EMBEDDED_TRAIN_SIZE);
+    Ok(FederatedDataset {
+        name: DatasetKind::FashionMnist.name().into(),
+        origin: "embedded".into(),
+        train: all.subset(train),
+        test: all.subset(test),
+        normalization: DatasetKind::FashionMnist.normalization(),
+    })
+}
+
+/// Loads `kind`, resolving its files as described in the [module docs](self).
+///
+/// An explicit `data_dir` that lacks the files is an error (it is never silently replaced by
+/// another source).
+pub fn load_dataset(kind: DatasetKind, data_dir: Option<&Path>) -> Result<FederatedDataset, DataError> {
+    if let Some(dir) = data_dir {
+        let candidates = [dir.to_path_buf(), dir.join(kind.name())];
+        return match candidates.iter().find(|d| has_idx_files(d)) {
+            Some(d) => read_idx_dir(kind, d),
+            // Read the given directory anyway so the error names the missing file.
+            None => read_idx_dir(kind, dir),
+        };
+    }
+    let mut searched = Vec::new();
+    let mut dirs = Vec::new();
+    if let Some(env) = std::env::var_os("FL_DATA_DIR") {
+        let env = PathBuf::from(env);
+        dirs.push(env.join(kind.name()));
+        dirs.push(env);
+    }
+    dirs.extend(kind.system_dirs());
+    for dir in dirs {
+        if has_idx_files(&dir) {
+            return read_idx_dir(kind, &dir);
+        }
+        searched.push(dir.display().to_string());
+    }
+    #[cfg(feature = "embedded")]
+    if kind == DatasetKind::FashionMnist {
+        return embedded_fashion_mnist();
+    }
+    Err(DataError::NotFound {
+        dataset: kind.name().into(),
+        searched: searched.join(", "),
+    })
+}
+
+/// Builds a dataset of `n` synthetic samples (for doc examples and benchmarks only: every pixel
+/// of class `k` images is drawn around `k`'s own brightness so the task is learnable).
+pub fn synthetic(n: usize, shape: [usize; 3], num_classes: usize, seed: u64) -> Dataset {
+    use rand::Rng;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let size = shape.iter().product::<usize>();
+    let mut images = Vec::with_capacity(n * size);
+    let mut labels = Vec::with_capacity(n);
+    for i in 0..n {
+        let label = (i % num_classes) as u16;
+        let base = (label as usize * 255 / num_classes.max(1)) as i32;
+        images.extend((0..size).map(|_| (base + rng.random_range(-40..=40)).clamp(0, 255) as u8));
+        labels.push(label);
+    }
+    Dataset::new(images, labels, shape, num_classes).expect("consistent synthetic data")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names() {
+        assert_eq!("Fashion-MNIST".parse::<DatasetKind>().unwrap(), DatasetKind::FashionMnist);
+        let e = "cifar7".parse::<DatasetKind>().unwrap_err().to_string();
+        assert!(e.contains("unknown dataset 'cifar7'"), "{e}");
+    }
+
+    #[cfg(feature = "embedded")]
+    #[test]
+    fn embedded_copy_is_split_deterministically() {
+        let a = embedded_fashion_mnist().unwrap();
+        let b = embedded_fashion_mnist().unwrap();
+        assert_eq!(a.train.len(), EMBEDDED_TRAIN_SIZE);
+        assert_eq!(a.test.len(), 2_000);
+        assert_eq!(a.train.labels(), b.train.labels());
+        assert_eq!(a.origin, "embedded");
+        // Every class appears in both parts.
+        for c in 0..10u16 {
+            assert!(a.train.labels().contains(&c) && a.test.labels().contains(&c));
+        }
+    }
+
+    #[test]
+    fn explicit_dir_without_files_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = load_dataset(DatasetKind::FashionMnist, Some(dir.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("train-images-idx3-ubyte"), "{e}");
+    }
+
+    /// The real Fashion-MNIST files from Debian's `dataset-fashion-mnist` (installed by CI).
+    #[test]
+    fn reads_the_real_debian_fashion_mnist_when_installed() {
+        let dir = Path::new("/usr/share/datasets/fashion-mnist");
+        if !has_idx_files(dir) {
+            // CI installs the package, so there a missing copy is a failure, not a skip.
+            assert!(std::env::var_os("CI").is_none(), "CI must install dataset-fashion-mnist");
+            eprintln!("skipping: {} not installed", dir.display());
+            return;
+        }
+        let d = load_dataset(DatasetKind::FashionMnist, Some(dir)).unwrap();
+        assert_eq!(d.train.len(), 60_000);
+        assert_eq!(d.test.len(), 10_000);
+        assert_eq!(d.train.image_shape(), [1, 28, 28]);
+        // Fashion-MNIST is balanced: 6,000 training images per class.
+        let mut counts = [0usize; 10];
+        d.train.labels().iter().for_each(|&l| counts[l as usize] += 1);
+        assert_eq!(counts, [6_000; 10]);
+        // First training label of the official file is 9 (ankle boot).
+        assert_eq!(d.train.labels()[0], 9);
+    }
+}

@@ -1,0 +1,46 @@
+//! Backend-generic Burn models for federated-learning experiments, each declaring its blocks.
+//!
+//! Models implement [`fl_core::Classifier`]; [`ModelKind`] names them for the command line.
+
+mod cnn;
+
+pub use cnn::{Cnn, CnnConfig};
+
+use std::str::FromStr;
+
+/// The models this crate provides, by command-line name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// The FedMR/FedCross authors' CNN ([`Cnn`]).
+    Cnn,
+}
+
+/// The model name is not one this crate knows.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown model '{0}' (known: cnn)")]
+pub struct UnknownModel(pub String);
+
+impl FromStr for ModelKind {
+    type Err = UnknownModel;
+    fn from_str(s: &str) -> Result<Self, UnknownModel> {
+        match s {
+            "cnn" => Ok(Self::Cnn),
+            _ => Err(UnknownModel(s.to_string())),
+        }
+    }
+}
+
+impl ModelKind {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cnn => "cnn",
+        }
+    }
+
+    /// Every model, for listings.
+    pub fn all() -> &'static [ModelKind] {
+        &[Self::Cnn]
+    }
+}
