@@ -1,1 +1,26 @@
-//! placeholder
+//! The core of the framework: the record-level layer API, the local trainer, the server
+//! strategies and the simulation engine.
+//!
+//! - [`layers`]: a model as an ordered table of named device tensors grouped into layers and
+//!   blocks; average, α-mix, similarity, recombination.
+//! - [`trainer`]: local SGD on one client, evaluation.
+//! - [`strategy`]: the [`Strategy`] trait and one file per algorithm ([`FedAvg`], ...).
+//! - [`engine`]: the round loop, parallel clients, metrics, checkpoints.
+//! - [`rng`]: seeded randomness independent of thread scheduling.
+
+pub mod checkpoint;
+pub mod engine;
+pub mod layers;
+mod model;
+pub mod rng;
+pub mod strategy;
+pub mod trainer;
+
+#[cfg(test)]
+pub(crate) mod test_model;
+
+pub use engine::{EngineConfig, EngineError, RoundMetrics, RunSummary, Simulation};
+pub use layers::{BlockSpec, Granularity, ParamTable};
+pub use model::Classifier;
+pub use strategy::{FedAvg, Strategy};
+pub use trainer::{LocalObjective, TrainConfig};

@@ -1,0 +1,34 @@
+//! The compute device, chosen at build time by cargo feature.
+//!
+//! When several backend features are enabled (e.g. `--features cuda` on top of the default
+//! `flex`), the most specific one wins: cuda, then wgpu, then ndarray, then flex.
+
+use burn::tensor::Device;
+
+/// The backend's name, as printed at start and written to the manifest.
+pub fn name() -> &'static str {
+    if cfg!(feature = "cuda") {
+        "cuda"
+    } else if cfg!(feature = "wgpu") {
+        "wgpu"
+    } else if cfg!(feature = "ndarray") {
+        "ndarray"
+    } else {
+        "flex"
+    }
+}
+
+/// The device to run on (without autodiff).
+#[allow(unreachable_code, deprecated)]
+pub fn device() -> Device {
+    #[cfg(feature = "cuda")]
+    return Device::cuda(0);
+    #[cfg(feature = "wgpu")]
+    return Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    #[cfg(feature = "ndarray")]
+    return Device::ndarray();
+    #[cfg(feature = "flex")]
+    return Device::flex();
+    #[cfg(not(any(feature = "cuda", feature = "wgpu", feature = "ndarray", feature = "flex")))]
+    compile_error!("enable one backend feature: flex, ndarray, wgpu or cuda");
+}

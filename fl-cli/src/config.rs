@@ -1,0 +1,293 @@
+//! The run configuration: defaults, then a TOML file (`--config`), then command-line flags.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use fl_core::{EngineConfig, TrainConfig};
+use fl_data::{DatasetKind, PartitionScheme};
+use fl_models::ModelKind;
+use serde::{Deserialize, Serialize};
+
+/// Everything that defines a run; written to `config.toml` in the run directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunConfig {
+    /// The algorithm (the subcommand).
+    pub algorithm: String,
+    /// Dataset name.
+    pub dataset: String,
+    /// Directory with the dataset's files (otherwise resolved automatically).
+    pub data_dir: Option<PathBuf>,
+    /// Model name.
+    pub model: String,
+    /// Number of clients.
+    pub clients: usize,
+    /// Clients sampled per round.
+    pub sample: usize,
+    /// Number of rounds.
+    pub rounds: usize,
+    /// Local epochs per round.
+    pub local_epochs: usize,
+    /// Local mini-batch size.
+    pub batch_size: usize,
+    /// Local learning rate.
+    pub lr: f64,
+    /// Local SGD momentum.
+    pub momentum: f64,
+    /// Local weight decay.
+    pub weight_decay: f64,
+    /// `iid` or `dirichlet`.
+    pub partition: String,
+    /// Dirichlet concentration.
+    pub alpha: f64,
+    /// Smallest client size for Dirichlet partitions.
+    pub min_client_size: usize,
+    /// A partition JSON file to use instead of drawing one.
+    pub partition_file: Option<PathBuf>,
+    /// Run seed.
+    pub seed: u64,
+    /// Evaluate every this many rounds.
+    pub eval_every: usize,
+    /// Evaluation batch size.
+    pub eval_batch_size: usize,
+    /// Worker threads.
+    pub threads: usize,
+    /// FedAvg: weight uploads by sample counts.
+    pub weighted: bool,
+    /// Output directory.
+    pub out: Option<PathBuf>,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            algorithm: "fedavg".into(),
+            dataset: "fashion-mnist".into(),
+            data_dir: None,
+            model: "cnn".into(),
+            clients: 100,
+            sample: 10,
+            rounds: 50,
+            local_epochs: 5,
+            batch_size: 50,
+            lr: 0.01,
+            momentum: 0.5,
+            weight_decay: 0.0,
+            partition: "dirichlet".into(),
+            alpha: 0.5,
+            min_client_size: 10,
+            partition_file: None,
+            seed: 1,
+            eval_every: 1,
+            eval_batch_size: 500,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            weighted: true,
+            out: None,
+        }
+    }
+}
+
+/// Flags shared by every algorithm subcommand. Each overrides the same field of `--config`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct RunArgs {
+    /// TOML file with any of the fields below (flags given on the command line win).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Continue the killed or finished run in DIR (its config.toml is used; `--rounds` may
+    /// extend it).
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Dataset: fashion-mnist or mnist.
+    #[arg(long)]
+    pub dataset: Option<String>,
+    /// Directory with the dataset files (default: $FL_DATA_DIR, system paths, embedded copy).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Model (see `fl models`).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Number of clients.
+    #[arg(long)]
+    pub clients: Option<usize>,
+    /// Clients sampled per round.
+    #[arg(long)]
+    pub sample: Option<usize>,
+    /// Number of rounds.
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Local epochs per round.
+    #[arg(long)]
+    pub local_epochs: Option<usize>,
+    /// Local mini-batch size.
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Local learning rate.
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Local SGD momentum (PyTorch semantics, no dampening).
+    #[arg(long)]
+    pub momentum: Option<f64>,
+    /// Local L2 weight decay.
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// Client partition: iid or dirichlet.
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// Dirichlet concentration (> 0; small is more skewed).
+    #[arg(long)]
+    pub alpha: Option<f64>,
+    /// Smallest client size a Dirichlet draw must give (redrawn until it does).
+    #[arg(long)]
+    pub min_client_size: Option<usize>,
+    /// Use this partition JSON (as written to a run's partition.json) instead of drawing one.
+    #[arg(long, value_name = "FILE")]
+    pub partition_file: Option<PathBuf>,
+    /// Run seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Evaluate the global model every N rounds (and after the last).
+    #[arg(long)]
+    pub eval_every: Option<usize>,
+    /// Evaluation batch size.
+    #[arg(long)]
+    pub eval_batch_size: Option<usize>,
+    /// Worker threads (default: all cores). Results do not depend on it.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Output directory (default: runs/<algorithm>-<dataset>-<model>-s<seed>).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// No progress bar or summary (also automatic when stdout is not a terminal).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+macro_rules! override_fields {
+    ($cfg:ident, $args:ident, $($field:ident),*) => {
+        $( if let Some(v) = $args.$field.clone() { $cfg.$field = v.into(); } )*
+    };
+}
+
+impl RunConfig {
+    /// Reads a TOML config file.
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("invalid config {}", path.display()))
+    }
+
+    /// Defaults, then `--config`, then flags.
+    pub fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<Self> {
+        let mut cfg = match &args.config {
+            Some(path) => Self::from_file(path)?,
+            None => Self::default(),
+        };
+        cfg.algorithm = algorithm.to_string();
+        override_fields!(
+            cfg, args, dataset, model, clients, sample, rounds, local_epochs, batch_size, lr,
+            momentum, weight_decay, partition, alpha, min_client_size, seed, eval_every,
+            eval_batch_size, threads
+        );
+        if let Some(d) = &args.data_dir {
+            cfg.data_dir = Some(d.clone());
+        }
+        if let Some(p) = &args.partition_file {
+            cfg.partition_file = Some(p.clone());
+        }
+        if let Some(o) = &args.out {
+            cfg.out = Some(o.clone());
+        }
+        Ok(cfg)
+    }
+
+    /// The output directory.
+    pub fn out_dir(&self) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| {
+            PathBuf::from("runs").join(format!(
+                "{}-{}-{}-s{}",
+                self.algorithm, self.dataset, self.model, self.seed
+            ))
+        })
+    }
+
+    /// The dataset kind.
+    pub fn dataset_kind(&self) -> anyhow::Result<DatasetKind> {
+        Ok(self.dataset.parse()?)
+    }
+
+    /// The model kind.
+    pub fn model_kind(&self) -> anyhow::Result<ModelKind> {
+        Ok(self.model.parse()?)
+    }
+
+    /// The partition scheme.
+    pub fn partition_scheme(&self) -> anyhow::Result<PartitionScheme> {
+        match self.partition.as_str() {
+            "iid" => Ok(PartitionScheme::Iid),
+            "dirichlet" => {
+                if !(self.alpha.is_finite() && self.alpha > 0.0) {
+                    bail!("--alpha must be a positive number, got {}", self.alpha);
+                }
+                Ok(PartitionScheme::Dirichlet {
+                    alpha: self.alpha,
+                    min_size: self.min_client_size,
+                })
+            }
+            other => bail!("unknown partition '{other}' (known: iid, dirichlet)"),
+        }
+    }
+
+    /// The engine settings.
+    pub fn engine(&self) -> EngineConfig {
+        EngineConfig {
+            sample: self.sample,
+            rounds: self.rounds,
+            eval_every: self.eval_every,
+            seed: self.seed,
+            threads: self.threads,
+            eval_batch_size: self.eval_batch_size,
+            train: TrainConfig {
+                local_epochs: self.local_epochs,
+                batch_size: self.batch_size,
+                lr: self.lr,
+                momentum: self.momentum,
+                weight_decay: self.weight_decay,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "rounds = 7\nlr = 0.1\nalpha = 0.1\n").unwrap();
+        let args = RunArgs {
+            config: Some(file),
+            lr: Some(0.05),
+            ..Default::default()
+        };
+        let cfg = RunConfig::resolve("fedavg", &args).unwrap();
+        assert_eq!((cfg.rounds, cfg.lr, cfg.alpha, cfg.clients), (7, 0.05, 0.1, 100));
+        let text = toml::to_string(&cfg).unwrap();
+        assert_eq!(toml::from_str::<RunConfig>(&text).unwrap(), cfg);
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "roudns = 7\n").unwrap();
+        let e = format!("{:#}", RunConfig::from_file(&file).unwrap_err());
+        assert!(e.contains("roudns"), "{e}");
+        let cfg = RunConfig { alpha: 0.0, ..Default::default() };
+        assert!(cfg.partition_scheme().is_err());
+        let cfg = RunConfig { partition: "zipf".into(), ..Default::default() };
+        assert!(cfg.partition_scheme().is_err());
+    }
+}

@@ -1,0 +1,198 @@
+//! Running an algorithm from a resolved [`RunConfig`].
+
+use std::io::IsTerminal;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use burn::module::Module;
+use burn::tensor::Device;
+use fl_core::rng::{Purpose, derive_seed};
+use fl_core::strategy::Strategy;
+use fl_core::{Classifier, FedAvg, RoundMetrics, Simulation};
+use fl_data::{FederatedDataset, Partition, load_dataset};
+use fl_models::{CnnConfig, ModelKind};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::backend;
+use crate::config::{RunArgs, RunConfig};
+
+/// Loads the config for a new run or a resumed one.
+fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)> {
+    let Some(dir) = &args.resume else {
+        return Ok((RunConfig::resolve(algorithm, args)?, false));
+    };
+    let mut cfg = RunConfig::from_file(&dir.join("config.toml"))
+        .with_context(|| format!("{} is not a run directory", dir.display()))?;
+    if cfg.algorithm != algorithm {
+        bail!("{} is a '{}' run, not '{algorithm}'", dir.display(), cfg.algorithm);
+    }
+    if let Some(rounds) = args.rounds {
+        cfg.rounds = rounds;
+    }
+    cfg.out = Some(dir.clone());
+    Ok((cfg, true))
+}
+
+/// `fl fedavg`.
+pub fn fedavg(args: &RunArgs, unweighted: bool) -> anyhow::Result<()> {
+    let (mut cfg, resume) = resolve("fedavg", args)?;
+    if !resume && unweighted {
+        cfg.weighted = false;
+    }
+    let mut strategy = if cfg.weighted {
+        FedAvg::weighted()
+    } else {
+        FedAvg::unweighted()
+    };
+    run(&cfg, resume, args.quiet, &mut strategy)
+}
+
+/// Builds the model named in `cfg` and runs `strategy`.
+pub fn run(cfg: &RunConfig, resume: bool, quiet: bool, strategy: &mut dyn Strategy) -> anyhow::Result<()> {
+    let quiet = quiet || !std::io::stdout().is_terminal();
+    let kind = cfg.dataset_kind()?;
+    let model_kind = cfg.model_kind()?;
+    let scheme = cfg.partition_scheme()?;
+    let data = load_dataset(kind, cfg.data_dir.as_deref())?;
+    if data.origin == "embedded" {
+        eprintln!(
+            "note: using the embedded Fashion-MNIST copy (10k test images split 8,000/2,000); install dataset-fashion-mnist or pass --data-dir for the full set"
+        );
+    }
+    let partition = match &cfg.partition_file {
+        Some(path) => {
+            let p = Partition::load(path)?;
+            if p.num_clients() != cfg.clients {
+                bail!("{} has {} clients, but --clients is {}", path.display(), p.num_clients(), cfg.clients);
+            }
+            p
+        }
+        None => Partition::new(
+            &scheme,
+            data.train.labels(),
+            data.train.num_classes(),
+            cfg.clients,
+            derive_seed(cfg.seed, Purpose::Partition, 0, 0),
+        )?,
+    };
+    let device = backend::device();
+    eprintln!("backend: {} ({:?})", backend::name(), device);
+    let out = cfg.out_dir();
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    if !resume && out.join(fl_core::engine::files::CHECKPOINT).exists() {
+        bail!(
+            "{} already holds a run; continue it with --resume {} or choose another --out",
+            out.display(),
+            out.display()
+        );
+    }
+    if !resume {
+        write_run_files(cfg, &out, &data, &partition)?;
+    }
+    let ad = device.clone().autodiff();
+    ad.seed(derive_seed(cfg.seed, Purpose::Init, 0, 0));
+    match model_kind {
+        ModelKind::Cnn => {
+            let model = CnnConfig {
+                input_shape: data.train.image_shape(),
+                num_classes: data.train.num_classes(),
+            }
+            .init(&ad);
+            simulate(model, cfg, &data, &partition, resume, quiet, strategy)
+        }
+    }
+}
+
+fn simulate<M: Classifier>(
+    model: M,
+    cfg: &RunConfig,
+    data: &FederatedDataset,
+    partition: &Partition,
+    resume: bool,
+    quiet: bool,
+    strategy: &mut dyn Strategy,
+) -> anyhow::Result<()> {
+    let out = cfg.out_dir();
+    let sim = Simulation {
+        model,
+        data,
+        partition,
+        config: cfg.engine(),
+        out_dir: Some(out.clone()),
+        objective: None,
+    };
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(cfg.rounds as u64).with_style(
+            ProgressStyle::with_template("{bar:30} round {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+                .expect("valid template"),
+        )
+    };
+    let mut on_round = |m: &RoundMetrics| {
+        bar.set_position(m.round as u64);
+        if let Some(acc) = m.test_acc {
+            bar.set_message(format!("test acc {:.2}%", 100.0 * acc));
+        }
+        tracing::info!(round = m.round, test_acc = ?m.test_acc, train_loss = m.train_loss, "round done");
+    };
+    let summary = sim.run(strategy, resume, &mut on_round)?;
+    bar.finish_and_clear();
+    if !quiet {
+        let best = summary.rounds.iter().filter_map(|m| m.test_acc).fold(0.0f64, f64::max);
+        if let Some(last) = summary.rounds.iter().rev().find_map(|m| m.test_acc) {
+            println!(
+                "{}: final test accuracy {:.2}%, best {:.2}% after {} rounds; results in {}",
+                strategy.name(),
+                100.0 * last,
+                100.0 * best,
+                cfg.rounds,
+                out.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn write_run_files(cfg: &RunConfig, out: &Path, data: &FederatedDataset, partition: &Partition) -> anyhow::Result<()> {
+    let write = |name: &str, text: String| {
+        let path = out.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+    };
+    write("config.toml", toml::to_string(cfg).context("serialising the config")?)?;
+    let manifest = serde_json::json!({
+        "fl_version": env!("CARGO_PKG_VERSION"),
+        "git_hash": option_env!("FL_GIT_HASH").unwrap_or("unknown"),
+        "backend": backend::name(),
+        "seed": cfg.seed,
+        "algorithm": cfg.algorithm,
+        "dataset": data.name,
+        "dataset_origin": data.origin,
+        "train_samples": data.train.len(),
+        "test_samples": data.test.len(),
+        "command": std::env::args().collect::<Vec<_>>(),
+    });
+    write("manifest.json", serde_json::to_string_pretty(&manifest).expect("json"))?;
+    partition.save(&out.join("partition.json"))?;
+    Ok(())
+}
+
+/// `fl models`.
+pub fn list_models(dataset: &str) -> anyhow::Result<()> {
+    let kind: fl_data::DatasetKind = dataset.parse()?;
+    let device: Device = backend::device();
+    for &m in ModelKind::all() {
+        let model = match m {
+            ModelKind::Cnn => CnnConfig {
+                input_shape: kind.image_shape(),
+                num_classes: kind.num_classes(),
+            }
+            .init(&device),
+        };
+        println!("{:<12} {:>10} parameters", m.name(), model.num_params());
+        for b in model.blocks() {
+            println!("  {:<10} {:?} -> {:?}", b.name, b.input_shape, b.output_shape);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,62 @@
+//! A small real Burn model with a convolution, BatchNorm and two linear layers, for unit tests.
+
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig};
+use burn::tensor::activation::relu;
+use burn::tensor::{Device, Tensor};
+
+use crate::layers::BlockSpec;
+use crate::model::Classifier;
+
+#[derive(Module, Debug)]
+pub struct TinyNet {
+    pub conv: Conv2d,
+    pub bn: BatchNorm,
+    pub fc1: Linear,
+    pub fc2: Linear,
+}
+
+impl TinyNet {
+    /// 1×8×8 input, 10 classes.
+    pub fn new(device: &Device) -> Self {
+        Self {
+            conv: Conv2dConfig::new([1, 4], [3, 3]).init(device),
+            bn: BatchNormConfig::new(4).init(device),
+            fc1: LinearConfig::new(4 * 6 * 6, 16).init(device),
+            fc2: LinearConfig::new(16, 10).init(device),
+        }
+    }
+}
+
+impl Classifier for TinyNet {
+    fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let x = relu(self.bn.forward(self.conv.forward(images)));
+        self.fc2.forward(relu(self.fc1.forward(x.flatten(1, 3))))
+    }
+
+    fn blocks(&self) -> Vec<BlockSpec> {
+        let b = |name: &str, modules: &[&str], i: Vec<usize>, o: Vec<usize>| BlockSpec {
+            name: name.into(),
+            modules: modules.iter().map(|m| m.to_string()).collect(),
+            input_shape: i,
+            output_shape: o,
+        };
+        vec![
+            b("features", &["conv", "bn"], vec![1, 8, 8], vec![144]),
+            b("fc1", &["fc1"], vec![144], vec![16]),
+            b("fc2", &["fc2"], vec![16], vec![10]),
+        ]
+    }
+}
+
+pub fn device() -> Device {
+    Device::flex()
+}
+
+/// A TinyNet with weights drawn from `seed`.
+pub fn tiny(seed: u64) -> TinyNet {
+    let d = device();
+    d.seed(seed);
+    TinyNet::new(&d)
+}

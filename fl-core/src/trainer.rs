@@ -1,0 +1,237 @@
+//! Local training of one client: SGD with cross-entropy over the client's samples.
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{GradientsParams, SgdConfig};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use fl_data::{Dataset, Normalization};
+use rand::seq::SliceRandom;
+
+use crate::layers::{LayerError, ParamTable};
+use crate::model::Classifier;
+use crate::rng::{Purpose, rng_for};
+
+/// Hyper-parameters of local training.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TrainConfig {
+    /// Passes over the client's data per round.
+    pub local_epochs: usize,
+    /// Mini-batch size (the last batch of an epoch may be smaller, as in PyTorch's default).
+    pub batch_size: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// SGD momentum (0 disables it). Dampening is 0, as in PyTorch (Burn's default is 0.1).
+    pub momentum: f64,
+    /// L2 weight decay added to the gradient (0 disables it).
+    pub weight_decay: f64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            local_epochs: 5,
+            batch_size: 50,
+            lr: 0.01,
+            momentum: 0.5,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks the values a run cannot work with.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.local_epochs == 0 {
+            return Err("local epochs must be at least 1".into());
+        }
+        if self.batch_size == 0 {
+            return Err("batch size must be at least 1".into());
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(format!("learning rate must be a positive number, got {}", self.lr));
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            return Err(format!("momentum must be in [0, 1), got {}", self.momentum));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(format!("weight decay must be >= 0, got {}", self.weight_decay));
+        }
+        Ok(())
+    }
+}
+
+/// An extra term added to a client's loss at every step (FedProx's proximal term, MOON's
+/// contrastive term, distillation, ...).
+pub trait LocalObjective: Send + Sync {
+    /// The term to add for the model whose (autodiff-tracked) parameters are `params`;
+    /// `start` is the table the client received this round. `None` adds nothing.
+    fn extra_loss(&self, params: &ParamTable, start: &ParamTable) -> Option<Tensor<1>>;
+}
+
+/// What a client sends back after local training.
+#[derive(Debug, Clone)]
+pub struct LocalUpdate {
+    /// The client's index in the partition.
+    pub client: usize,
+    /// The trained model.
+    pub table: ParamTable,
+    /// Number of local training samples (FedAvg's weight).
+    pub num_samples: usize,
+    /// Mean mini-batch loss over all local steps.
+    pub train_loss: f64,
+}
+
+/// Errors of local training and evaluation.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The loss became NaN or infinite (learning rate too high, bad data, ...).
+    #[error("client {client}: loss is {loss} in local epoch {epoch}; lower the learning rate")]
+    NonFiniteLoss {
+        /// The client.
+        client: usize,
+        /// The 1-based local epoch.
+        epoch: usize,
+        /// The offending mean loss.
+        loss: f64,
+    },
+    /// A client without samples was asked to train.
+    #[error("client {0} has no training samples")]
+    NoSamples(usize),
+    /// The model and the table do not fit together.
+    #[error(transparent)]
+    Layer(#[from] LayerError),
+}
+
+/// Gathers `indices` into a device batch of images and labels.
+pub fn make_batch(
+    data: &Dataset,
+    norm: &Normalization,
+    indices: &[usize],
+    device: &Device,
+) -> (Tensor<4>, Tensor<1, Int>) {
+    let (pixels, labels) = data.batch(indices, norm);
+    let [c, h, w] = data.image_shape();
+    let images = Tensor::from_data(TensorData::new(pixels, [indices.len(), c, h, w]), device);
+    let labels = Tensor::from_data(TensorData::new(labels, [indices.len()]), device);
+    (images, labels)
+}
+
+/// Everything one client's local training needs.
+pub struct LocalTask<'a, M> {
+    /// A model of the right architecture on an autodiff device (its values are replaced).
+    pub template: M,
+    /// The model the client starts from.
+    pub start: ParamTable,
+    /// The shared training set.
+    pub data: &'a Dataset,
+    /// Normalisation of the shared training set.
+    pub norm: &'a Normalization,
+    /// This client's sample indices.
+    pub indices: &'a [usize],
+    /// The client's index (for seeding and messages).
+    pub client: usize,
+    /// The round (for seeding).
+    pub round: usize,
+    /// The run seed.
+    pub seed: u64,
+    /// Optional extra loss term.
+    pub objective: Option<&'a dyn LocalObjective>,
+}
+
+/// Trains a model on one client's samples and returns the result as a table.
+///
+/// A fresh optimiser is created for every call: Burn keys optimiser state by parameter id, and
+/// every client round starts from a new model.
+pub fn train_local<M: Classifier>(
+    task: LocalTask<'_, M>,
+    cfg: &TrainConfig,
+) -> Result<LocalUpdate, TrainError> {
+    if task.indices.is_empty() {
+        return Err(TrainError::NoSamples(task.client));
+    }
+    let mut model = task.start.load_into(task.template)?;
+    let device = model
+        .devices()
+        .into_iter()
+        .next()
+        .expect("a model has a device");
+    let mut optim = SgdConfig::new()
+        .with_momentum((cfg.momentum > 0.0).then(|| {
+            MomentumConfig::new()
+                .with_momentum(cfg.momentum)
+                .with_dampening(0.0)
+        }))
+        .with_weight_decay((cfg.weight_decay > 0.0).then(|| WeightDecayConfig::new(cfg.weight_decay as f32)))
+        .init();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut rng = rng_for(task.seed, Purpose::Shuffle, task.round as u64, task.client as u64);
+    let mut order = task.indices.to_vec();
+    let (mut loss_sum, mut steps) = (0.0f64, 0usize);
+    for epoch in 1..=cfg.local_epochs {
+        order.shuffle(&mut rng);
+        // Losses are summed on the device and read once per epoch (one host sync, not one per step).
+        let mut epoch_losses: Vec<Tensor<1>> = Vec::new();
+        for batch in order.chunks(cfg.batch_size) {
+            let (images, labels) = make_batch(task.data, task.norm, batch, &device);
+            let logits = model.forward(images);
+            let mut loss = loss_fn.forward(logits, labels);
+            if let Some(objective) = task.objective {
+                let params = ParamTable::from_module_tracked(&model);
+                if let Some(extra) = objective.extra_loss(&params, &task.start) {
+                    loss = loss + extra;
+                }
+            }
+            epoch_losses.push(loss.clone().detach());
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(cfg.lr, model, grads);
+        }
+        let n = epoch_losses.len();
+        let sum: f64 = Tensor::cat(epoch_losses, 0).sum().into_scalar::<f32>() as f64;
+        if !sum.is_finite() {
+            return Err(TrainError::NonFiniteLoss {
+                client: task.client,
+                epoch,
+                loss: sum / n as f64,
+            });
+        }
+        loss_sum += sum;
+        steps += n;
+    }
+    Ok(LocalUpdate {
+        client: task.client,
+        table: ParamTable::from_module(&model),
+        num_samples: task.indices.len(),
+        train_loss: loss_sum / steps as f64,
+    })
+}
+
+/// Test accuracy (in `[0, 1]`) and mean cross-entropy of `model` on all of `data`.
+pub fn evaluate<M: Classifier>(
+    model: &M,
+    data: &Dataset,
+    norm: &Normalization,
+    batch_size: usize,
+) -> (f64, f64) {
+    let model = model.valid();
+    let device = model
+        .devices()
+        .into_iter()
+        .next()
+        .expect("a model has a device");
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let all: Vec<usize> = (0..data.len()).collect();
+    let mut losses = Vec::new();
+    let mut corrects = Vec::new();
+    for batch in all.chunks(batch_size.max(1)) {
+        let (images, labels) = make_batch(data, norm, batch, &device);
+        let logits = model.forward(images);
+        losses.push(loss_fn.forward(logits.clone(), labels.clone()).mul_scalar(batch.len() as f64));
+        let predicted = logits.argmax(1).squeeze_dim::<1>(1);
+        corrects.push(predicted.equal(labels).int().sum());
+    }
+    let loss = Tensor::cat(losses, 0).sum().into_scalar::<f32>() as f64;
+    let correct = Tensor::cat(corrects, 0).sum().into_scalar::<i64>() as f64;
+    let n = data.len().max(1) as f64;
+    (correct / n, loss / n)
+}
