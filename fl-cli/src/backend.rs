@@ -29,6 +29,11 @@ pub fn device() -> Device {
     return Device::ndarray();
     #[cfg(feature = "flex")]
     return Device::flex();
-    #[cfg(not(any(feature = "cuda", feature = "wgpu", feature = "ndarray", feature = "flex")))]
+    #[cfg(not(any(
+        feature = "cuda",
+        feature = "wgpu",
+        feature = "ndarray",
+        feature = "flex"
+    )))]
     compile_error!("enable one backend feature: flex, ndarray, wgpu or cuda");
 }

@@ -185,9 +185,25 @@ impl RunConfig {
         };
         cfg.algorithm = algorithm.to_string();
         override_fields!(
-            cfg, args, dataset, model, clients, sample, rounds, local_epochs, batch_size, lr,
-            momentum, weight_decay, partition, alpha, min_client_size, seed, eval_every,
-            eval_batch_size, threads
+            cfg,
+            args,
+            dataset,
+            model,
+            clients,
+            sample,
+            rounds,
+            local_epochs,
+            batch_size,
+            lr,
+            momentum,
+            weight_decay,
+            partition,
+            alpha,
+            min_client_size,
+            seed,
+            eval_every,
+            eval_batch_size,
+            threads
         );
         if let Some(d) = &args.data_dir {
             cfg.data_dir = Some(d.clone());
@@ -273,7 +289,10 @@ mod tests {
             ..Default::default()
         };
         let cfg = RunConfig::resolve("fedavg", &args).unwrap();
-        assert_eq!((cfg.rounds, cfg.lr, cfg.alpha, cfg.clients), (7, 0.05, 0.1, 100));
+        assert_eq!(
+            (cfg.rounds, cfg.lr, cfg.alpha, cfg.clients),
+            (7, 0.05, 0.1, 100)
+        );
         let text = toml::to_string(&cfg).unwrap();
         assert_eq!(toml::from_str::<RunConfig>(&text).unwrap(), cfg);
     }
@@ -285,9 +304,15 @@ mod tests {
         std::fs::write(&file, "roudns = 7\n").unwrap();
         let e = format!("{:#}", RunConfig::from_file(&file).unwrap_err());
         assert!(e.contains("roudns"), "{e}");
-        let cfg = RunConfig { alpha: 0.0, ..Default::default() };
+        let cfg = RunConfig {
+            alpha: 0.0,
+            ..Default::default()
+        };
         assert!(cfg.partition_scheme().is_err());
-        let cfg = RunConfig { partition: "zipf".into(), ..Default::default() };
+        let cfg = RunConfig {
+            partition: "zipf".into(),
+            ..Default::default()
+        };
         assert!(cfg.partition_scheme().is_err());
     }
 }

@@ -24,7 +24,11 @@ fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)>
     let mut cfg = RunConfig::from_file(&dir.join("config.toml"))
         .with_context(|| format!("{} is not a run directory", dir.display()))?;
     if cfg.algorithm != algorithm {
-        bail!("{} is a '{}' run, not '{algorithm}'", dir.display(), cfg.algorithm);
+        bail!(
+            "{} is a '{}' run, not '{algorithm}'",
+            dir.display(),
+            cfg.algorithm
+        );
     }
     if let Some(rounds) = args.rounds {
         cfg.rounds = rounds;
@@ -48,7 +52,12 @@ pub fn fedavg(args: &RunArgs, unweighted: bool) -> anyhow::Result<()> {
 }
 
 /// Builds the model named in `cfg` and runs `strategy`.
-pub fn run(cfg: &RunConfig, resume: bool, quiet: bool, strategy: &mut dyn Strategy) -> anyhow::Result<()> {
+pub fn run(
+    cfg: &RunConfig,
+    resume: bool,
+    quiet: bool,
+    strategy: &mut dyn Strategy,
+) -> anyhow::Result<()> {
     let quiet = quiet || !std::io::stdout().is_terminal();
     let kind = cfg.dataset_kind()?;
     let model_kind = cfg.model_kind()?;
@@ -63,7 +72,12 @@ pub fn run(cfg: &RunConfig, resume: bool, quiet: bool, strategy: &mut dyn Strate
         Some(path) => {
             let p = Partition::load(path)?;
             if p.num_clients() != cfg.clients {
-                bail!("{} has {} clients, but --clients is {}", path.display(), p.num_clients(), cfg.clients);
+                bail!(
+                    "{} has {} clients, but --clients is {}",
+                    path.display(),
+                    p.num_clients(),
+                    cfg.clients
+                );
             }
             p
         }
@@ -125,8 +139,10 @@ fn simulate<M: Classifier>(
         ProgressBar::hidden()
     } else {
         ProgressBar::new(cfg.rounds as u64).with_style(
-            ProgressStyle::with_template("{bar:30} round {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
-                .expect("valid template"),
+            ProgressStyle::with_template(
+                "{bar:30} round {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+            )
+            .expect("valid template"),
         )
     };
     let mut on_round = |m: &RoundMetrics| {
@@ -139,7 +155,11 @@ fn simulate<M: Classifier>(
     let summary = sim.run(strategy, resume, &mut on_round)?;
     bar.finish_and_clear();
     if !quiet {
-        let best = summary.rounds.iter().filter_map(|m| m.test_acc).fold(0.0f64, f64::max);
+        let best = summary
+            .rounds
+            .iter()
+            .filter_map(|m| m.test_acc)
+            .fold(0.0f64, f64::max);
         if let Some(last) = summary.rounds.iter().rev().find_map(|m| m.test_acc) {
             println!(
                 "{}: final test accuracy {:.2}%, best {:.2}% after {} rounds; results in {}",
@@ -154,12 +174,20 @@ fn simulate<M: Classifier>(
     Ok(())
 }
 
-fn write_run_files(cfg: &RunConfig, out: &Path, data: &FederatedDataset, partition: &Partition) -> anyhow::Result<()> {
+fn write_run_files(
+    cfg: &RunConfig,
+    out: &Path,
+    data: &FederatedDataset,
+    partition: &Partition,
+) -> anyhow::Result<()> {
     let write = |name: &str, text: String| {
         let path = out.join(name);
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
     };
-    write("config.toml", toml::to_string(cfg).context("serialising the config")?)?;
+    write(
+        "config.toml",
+        toml::to_string(cfg).context("serialising the config")?,
+    )?;
     let manifest = serde_json::json!({
         "fl_version": env!("CARGO_PKG_VERSION"),
         "git_hash": option_env!("FL_GIT_HASH").unwrap_or("unknown"),
@@ -172,7 +200,10 @@ fn write_run_files(cfg: &RunConfig, out: &Path, data: &FederatedDataset, partiti
         "test_samples": data.test.len(),
         "command": std::env::args().collect::<Vec<_>>(),
     });
-    write("manifest.json", serde_json::to_string_pretty(&manifest).expect("json"))?;
+    write(
+        "manifest.json",
+        serde_json::to_string_pretty(&manifest).expect("json"),
+    )?;
     partition.save(&out.join("partition.json"))?;
     Ok(())
 }
@@ -191,7 +222,10 @@ pub fn list_models(dataset: &str) -> anyhow::Result<()> {
         };
         println!("{:<12} {:>10} parameters", m.name(), model.num_params());
         for b in model.blocks() {
-            println!("  {:<10} {:?} -> {:?}", b.name, b.input_shape, b.output_shape);
+            println!(
+                "  {:<10} {:?} -> {:?}",
+                b.name, b.input_shape, b.output_shape
+            );
         }
     }
     Ok(())

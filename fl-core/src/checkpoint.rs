@@ -85,7 +85,11 @@ pub fn save(
 }
 
 /// Reads a checkpoint, rebuilding tables with `layout_of`'s layout on `device`.
-pub fn load(path: &Path, layout_of: &ParamTable, device: &Device) -> Result<Checkpoint, CheckpointError> {
+pub fn load(
+    path: &Path,
+    layout_of: &ParamTable,
+    device: &Device,
+) -> Result<Checkpoint, CheckpointError> {
     let p = path.display().to_string();
     let corrupt = |problem: String| CheckpointError::Corrupt {
         path: p.clone(),
@@ -101,17 +105,28 @@ pub fn load(path: &Path, layout_of: &ParamTable, device: &Device) -> Result<Chec
         .metadata()
         .clone()
         .ok_or_else(|| corrupt("no metadata".into()))?;
-    let field = |k: &str| meta.get(k).cloned().ok_or_else(|| corrupt(format!("missing {k}")));
-    let round: usize = field("fl.round")?.parse().map_err(|e| corrupt(format!("fl.round: {e}")))?;
-    let slots: usize = field("fl.slots")?.parse().map_err(|e| corrupt(format!("fl.slots: {e}")))?;
-    let extra = serde_json::from_str(&field("fl.extra")?).map_err(|e| corrupt(format!("fl.extra: {e}")))?;
+    let field = |k: &str| {
+        meta.get(k)
+            .cloned()
+            .ok_or_else(|| corrupt(format!("missing {k}")))
+    };
+    let round: usize = field("fl.round")?
+        .parse()
+        .map_err(|e| corrupt(format!("fl.round: {e}")))?;
+    let slots: usize = field("fl.slots")?
+        .parse()
+        .map_err(|e| corrupt(format!("fl.slots: {e}")))?;
+    let extra =
+        serde_json::from_str(&field("fl.extra")?).map_err(|e| corrupt(format!("fl.extra: {e}")))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let mut tables = Vec::with_capacity(slots);
     for slot in 0..slots {
         let mut named = HashMap::new();
         for info in layout_of.layout().tensors() {
             let key = format!("{slot}/{}", info.name);
-            let view = st.tensor(&key).map_err(|e| corrupt(format!("{key}: {e}")))?;
+            let view = st
+                .tensor(&key)
+                .map_err(|e| corrupt(format!("{key}: {e}")))?;
             if view.dtype() != Dtype::F32 {
                 return Err(corrupt(format!("{key} is not f32")));
             }

@@ -11,7 +11,6 @@ use std::time::Instant;
 use fl_data::{FederatedDataset, Partition};
 use rayon::prelude::*;
 
-
 use crate::checkpoint::{self, CheckpointError};
 use crate::layers::{LayerError, ParamTable};
 use crate::model::Classifier;
@@ -158,7 +157,10 @@ impl<M: Classifier> Simulation<'_, M> {
         let n = self.partition.num_clients();
         let bad = |m: String| Err(EngineError::Config(m));
         if c.sample == 0 || c.sample > n {
-            return bad(format!("cannot sample {} clients per round from {n} clients", c.sample));
+            return bad(format!(
+                "cannot sample {} clients per round from {n} clients",
+                c.sample
+            ));
         }
         if c.rounds == 0 {
             return bad("rounds must be at least 1".into());
@@ -273,7 +275,11 @@ impl<M: Classifier> Simulation<'_, M> {
             let timer = Instant::now();
             let (test_acc, test_loss) = if round % cfg.eval_every == 0 || round == cfg.rounds {
                 let global = strategy.global_model()?.load_into(eval_model.clone())?;
-                let (test, norm, batch) = (&self.data.test, &self.data.normalization, cfg.eval_batch_size);
+                let (test, norm, batch) = (
+                    &self.data.test,
+                    &self.data.normalization,
+                    cfg.eval_batch_size,
+                );
                 let (acc, loss) = pool.install(move || evaluate(&global, test, norm, batch));
                 (Some(acc), Some(loss))
             } else {
@@ -294,7 +300,12 @@ impl<M: Classifier> Simulation<'_, M> {
             };
             if let Some(dir) = &self.out_dir {
                 append_metrics(&dir.join(files::METRICS), &metrics)?;
-                checkpoint::save(&dir.join(files::CHECKPOINT), round, strategy.name(), &strategy.state())?;
+                checkpoint::save(
+                    &dir.join(files::CHECKPOINT),
+                    round,
+                    strategy.name(),
+                    &strategy.state(),
+                )?;
             }
             on_round(&metrics);
             history.push(metrics);
@@ -332,10 +343,17 @@ pub fn read_metrics(path: &Path, last_round: usize) -> Result<Vec<RoundMetrics>,
         Err(e) => return Err(io_err(path)(e)),
     };
     let mut rounds = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
         let m: RoundMetrics = serde_json::from_str(line).map_err(|e| EngineError::Io {
             path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("line {}: {e}", i + 1)),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("line {}: {e}", i + 1),
+            ),
         })?;
         if m.round <= last_round {
             rounds.push(m);

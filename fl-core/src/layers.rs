@@ -263,8 +263,9 @@ impl ModuleMapper for Loader<'_> {
         let i = self.next;
         self.next += 1;
         let Some(info) = self.layout.tensors.get(i) else {
-            self.error
-                .get_or_insert(LayerError::LayoutMismatch("module has more tensors than the table".into()));
+            self.error.get_or_insert(LayerError::LayoutMismatch(
+                "module has more tensors than the table".into(),
+            ));
             return param;
         };
         let target: Vec<usize> = param.lazy_shape().as_slice().to_vec();
@@ -441,7 +442,11 @@ impl ParamTable {
             .values
             .iter()
             .zip(&other.values)
-            .map(|(a, b)| a.clone().mul_scalar(alpha).add(b.clone().mul_scalar(1.0 - alpha)))
+            .map(|(a, b)| {
+                a.clone()
+                    .mul_scalar(alpha)
+                    .add(b.clone().mul_scalar(1.0 - alpha))
+            })
             .collect();
         Ok(Self {
             layout: self.layout.clone(),
@@ -455,7 +460,13 @@ impl ParamTable {
             .values
             .iter()
             .zip(&self.layout.tensors)
-            .map(|(v, info)| if info.kind == kind { f(v.clone()) } else { v.clone() })
+            .map(|(v, info)| {
+                if info.kind == kind {
+                    f(v.clone())
+                } else {
+                    v.clone()
+                }
+            })
             .collect();
         Self {
             layout: self.layout.clone(),
@@ -570,7 +581,9 @@ impl ParamTable {
             })
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(extra) = named.keys().next() {
-            return Err(LayerError::LayoutMismatch(format!("unexpected tensor '{extra}'")));
+            return Err(LayerError::LayoutMismatch(format!(
+                "unexpected tensor '{extra}'"
+            )));
         }
         self.from_host(host, device)
     }
@@ -612,7 +625,9 @@ impl ParamTable {
 }
 
 fn sum3(layers: &[[f64; 3]]) -> [f64; 3] {
-    layers.iter().fold([0.0; 3], |acc, l| [acc[0] + l[0], acc[1] + l[1], acc[2] + l[2]])
+    layers.iter().fold([0.0; 3], |acc, l| {
+        [acc[0] + l[0], acc[1] + l[1], acc[2] + l[2]]
+    })
 }
 
 fn host_f32(t: Tensor<1>) -> Result<Vec<f32>, LayerError> {
@@ -689,23 +704,49 @@ mod tests {
     }
 
     fn close(a: &[Vec<f32>], b: &[Vec<f32>], tol: f32) -> bool {
-        a.iter().flatten().zip(b.iter().flatten()).all(|(x, y)| (x - y).abs() <= tol)
+        a.iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .all(|(x, y)| (x - y).abs() <= tol)
     }
 
     #[test]
     fn layout_names_layers_and_kinds() {
         let t = table(1);
-        let names: Vec<&str> = t.layout().tensors().iter().map(|i| i.name.as_str()).collect();
+        let names: Vec<&str> = t
+            .layout()
+            .tensors()
+            .iter()
+            .map(|i| i.name.as_str())
+            .collect();
         assert_eq!(
             names,
             [
-                "conv.weight", "conv.bias", "bn.gamma", "bn.beta", "bn.running_mean",
-                "bn.running_var", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"
+                "conv.weight",
+                "conv.bias",
+                "bn.gamma",
+                "bn.beta",
+                "bn.running_mean",
+                "bn.running_var",
+                "fc1.weight",
+                "fc1.bias",
+                "fc2.weight",
+                "fc2.bias"
             ]
         );
-        let layers: Vec<&str> = t.layout().layers().iter().map(|(n, _)| n.as_str()).collect();
+        let layers: Vec<&str> = t
+            .layout()
+            .layers()
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
         assert_eq!(layers, ["conv", "bn", "fc1", "fc2"]);
-        let buffers = t.layout().tensors().iter().filter(|i| i.kind == ParamKind::Buffer).count();
+        let buffers = t
+            .layout()
+            .tensors()
+            .iter()
+            .filter(|i| i.kind == ParamKind::Buffer)
+            .count();
         assert_eq!(buffers, 2);
         assert_eq!(t.num_elements(), tiny(1).num_params());
         assert_eq!(t.byte_size(), 4 * t.num_elements());
@@ -731,7 +772,10 @@ mod tests {
         // Still trainable: a gradient reaches the first layer.
         let x = Tensor::<4>::random([2, 1, 8, 8], Distribution::Default, &d);
         let grads = loaded.forward(x).sum().backward();
-        assert!(loaded.conv.weight.val().grad(&grads).is_some(), "loaded model lost autodiff");
+        assert!(
+            loaded.conv.weight.val().grad(&grads).is_some(),
+            "loaded model lost autodiff"
+        );
     }
 
     fn collect_ids<M: Module>(m: &M) -> Vec<burn::module::ParamId> {
@@ -765,7 +809,10 @@ mod tests {
         // One forward pass in training mode moves the running mean away from 0.
         let t = ParamTable::from_module(&model);
         let mean = &host(&t)[4];
-        assert!(mean.iter().any(|v| v.abs() > 1e-3), "running mean is stale: {mean:?}");
+        assert!(
+            mean.iter().any(|v| v.abs() > 1e-3),
+            "running mean is stale: {mean:?}"
+        );
     }
 
     #[test]
@@ -791,7 +838,10 @@ mod tests {
     #[test]
     fn different_architectures_are_rejected() {
         let other = ParamTable::from_module(&burn::nn::LinearConfig::new(3, 2).init(&device()));
-        assert!(matches!(table(1).mix(&other, 0.5), Err(LayerError::LayoutMismatch(_))));
+        assert!(matches!(
+            table(1).mix(&other, 0.5),
+            Err(LayerError::LayoutMismatch(_))
+        ));
         assert!(other.load_into(tiny(1)).is_err());
     }
 
@@ -801,7 +851,10 @@ mod tests {
         let mut blocks = m.blocks();
         blocks.pop();
         let e = ParamTable::from_module_with_blocks(&m, blocks).unwrap_err();
-        assert!(e.to_string().contains("fc2.weight' belongs to no block"), "{e}");
+        assert!(
+            e.to_string().contains("fc2.weight' belongs to no block"),
+            "{e}"
+        );
         let mut blocks = m.blocks();
         blocks[1].modules.push("conv".into());
         assert!(ParamTable::from_module_with_blocks(&m, blocks).is_err());
@@ -857,7 +910,11 @@ mod tests {
         for (j, &old) in r.sources[0].iter().enumerate() {
             assert_eq!(host(&r.models[j]), host(&models[old]));
         }
-        assert!(models[0].units(Granularity::Segments { fraction: 0.0 }).is_err());
+        assert!(
+            models[0]
+                .units(Granularity::Segments { fraction: 0.0 })
+                .is_err()
+        );
         let no_blocks = ParamTable::from_module(&tiny(1));
         assert!(no_blocks.units(Granularity::Block).is_err());
     }

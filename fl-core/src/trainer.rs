@@ -49,13 +49,19 @@ impl TrainConfig {
             return Err("batch size must be at least 1".into());
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
-            return Err(format!("learning rate must be a positive number, got {}", self.lr));
+            return Err(format!(
+                "learning rate must be a positive number, got {}",
+                self.lr
+            ));
         }
         if !(0.0..1.0).contains(&self.momentum) {
             return Err(format!("momentum must be in [0, 1), got {}", self.momentum));
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return Err(format!("weight decay must be >= 0, got {}", self.weight_decay));
+            return Err(format!(
+                "weight decay must be >= 0, got {}",
+                self.weight_decay
+            ));
         }
         Ok(())
     }
@@ -162,10 +168,17 @@ pub fn train_local<M: Classifier>(
                 .with_momentum(cfg.momentum)
                 .with_dampening(0.0)
         }))
-        .with_weight_decay((cfg.weight_decay > 0.0).then(|| WeightDecayConfig::new(cfg.weight_decay as f32)))
+        .with_weight_decay(
+            (cfg.weight_decay > 0.0).then(|| WeightDecayConfig::new(cfg.weight_decay as f32)),
+        )
         .init();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let mut rng = rng_for(task.seed, Purpose::Shuffle, task.round as u64, task.client as u64);
+    let mut rng = rng_for(
+        task.seed,
+        Purpose::Shuffle,
+        task.round as u64,
+        task.client as u64,
+    );
     let mut order = task.indices.to_vec();
     let (mut loss_sum, mut steps) = (0.0f64, 0usize);
     for epoch in 1..=cfg.local_epochs {
@@ -226,7 +239,11 @@ pub fn evaluate<M: Classifier>(
     for batch in all.chunks(batch_size.max(1)) {
         let (images, labels) = make_batch(data, norm, batch, &device);
         let logits = model.forward(images);
-        losses.push(loss_fn.forward(logits.clone(), labels.clone()).mul_scalar(batch.len() as f64));
+        losses.push(
+            loss_fn
+                .forward(logits.clone(), labels.clone())
+                .mul_scalar(batch.len() as f64),
+        );
         let predicted = logits.argmax(1).squeeze_dim::<1>(1);
         corrects.push(predicted.equal(labels).int().sum());
     }

@@ -20,7 +20,9 @@ pub enum DataError {
         problem: String,
     },
     /// No directory holding the dataset's files was found.
-    #[error("dataset {dataset} not found (looked in: {searched}); pass --data-dir or set FL_DATA_DIR")]
+    #[error(
+        "dataset {dataset} not found (looked in: {searched}); pass --data-dir or set FL_DATA_DIR"
+    )]
     NotFound {
         /// The dataset name.
         dataset: String,

@@ -48,7 +48,10 @@ pub fn parse_images(bytes: &[u8], path: &Path) -> Result<(Vec<u8>, usize, [usize
     if h[0] != IMAGES_MAGIC {
         return Err(DataError::corrupt(
             path,
-            format!("wrong magic {:#010x} for IDX images (expected {IMAGES_MAGIC:#010x})", h[0]),
+            format!(
+                "wrong magic {:#010x} for IDX images (expected {IMAGES_MAGIC:#010x})",
+                h[0]
+            ),
         ));
     }
     let (n, rows, cols) = (h[1] as usize, h[2] as usize, h[3] as usize);
@@ -72,7 +75,10 @@ pub fn parse_labels(bytes: &[u8], path: &Path) -> Result<Vec<u16>, DataError> {
     if h[0] != LABELS_MAGIC {
         return Err(DataError::corrupt(
             path,
-            format!("wrong magic {:#010x} for IDX labels (expected {LABELS_MAGIC:#010x})", h[0]),
+            format!(
+                "wrong magic {:#010x} for IDX labels (expected {LABELS_MAGIC:#010x})",
+                h[0]
+            ),
         ));
     }
     let n = h[1] as usize;
@@ -80,7 +86,10 @@ pub fn parse_labels(bytes: &[u8], path: &Path) -> Result<Vec<u16>, DataError> {
     if payload.len() != n {
         return Err(DataError::corrupt(
             path,
-            format!("header promises {n} labels but the payload has {} bytes", payload.len()),
+            format!(
+                "header promises {n} labels but the payload has {} bytes",
+                payload.len()
+            ),
         ));
     }
     Ok(payload.iter().map(|&b| b as u16).collect())
@@ -99,7 +108,11 @@ pub fn dataset_from_bytes(
     if labels.len() != n {
         return Err(DataError::corrupt(
             labels_path,
-            format!("{} labels for {n} images in {}", labels.len(), images_path.display()),
+            format!(
+                "{} labels for {n} images in {}",
+                labels.len(),
+                images_path.display()
+            ),
         ));
     }
     if let Some(bad) = labels.iter().find(|&&l| l as usize >= num_classes) {
@@ -129,7 +142,13 @@ pub(crate) mod tests {
     use std::io::Write;
 
     /// Encodes images and labels in the IDX format, as the fixtures of other tests need.
-    pub fn encode(images: &[u8], n: usize, rows: usize, cols: usize, labels: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    pub fn encode(
+        images: &[u8],
+        n: usize,
+        rows: usize,
+        cols: usize,
+        labels: &[u8],
+    ) -> (Vec<u8>, Vec<u8>) {
         let mut img = Vec::new();
         for w in [IMAGES_MAGIC, n as u32, rows as u32, cols as u32] {
             img.extend_from_slice(&w.to_be_bytes());
@@ -206,7 +225,11 @@ pub(crate) mod tests {
         let e = msg(read_pair(&p("i", &img), &p("j", &lab), 2));
         assert!(e.contains("label 2 out of range"), "{e}");
         // bad gzip
-        let e = msg(read_pair(&p("k", &[0x1f, 0x8b, 1, 2, 3]), &p("l", &lab), 10));
+        let e = msg(read_pair(
+            &p("k", &[0x1f, 0x8b, 1, 2, 3]),
+            &p("l", &lab),
+            10,
+        ));
         assert!(e.contains("bad gzip"), "{e}");
         // missing file names the path
         let e = msg(read_pair(&dir.path().join("nope"), &p("m", &lab), 10));

@@ -49,7 +49,9 @@ impl Partition {
         seed: u64,
     ) -> Result<Self, DataError> {
         if num_clients == 0 {
-            return Err(DataError::Partition("the number of clients must be at least 1".into()));
+            return Err(DataError::Partition(
+                "the number of clients must be at least 1".into(),
+            ));
         }
         let min_size = match scheme {
             PartitionScheme::Iid => 1,
@@ -183,7 +185,9 @@ impl Partition {
                     )));
                 }
                 if std::mem::replace(&mut seen[i], true) {
-                    return Err(DataError::Partition(format!("sample {i} is given to two clients")));
+                    return Err(DataError::Partition(format!(
+                        "sample {i} is given to two clients"
+                    )));
                 }
             }
         }
@@ -250,7 +254,10 @@ mod tests {
     fn small_alpha_skews_labels() {
         let labels = labels(6000, 10);
         let skew = |alpha| {
-            let scheme = PartitionScheme::Dirichlet { alpha, min_size: 10 };
+            let scheme = PartitionScheme::Dirichlet {
+                alpha,
+                min_size: 10,
+            };
             let p = Partition::new(&scheme, &labels, 10, 20, 3).unwrap();
             // Mean share of each client's most common class.
             let h = p.label_histogram(&labels, 10);
@@ -259,24 +266,41 @@ mod tests {
                 .sum::<f64>()
                 / 20.0
         };
-        assert!(skew(0.1) > 0.6, "alpha 0.1 should be dominated by few classes");
+        assert!(
+            skew(0.1) > 0.6,
+            "alpha 0.1 should be dominated by few classes"
+        );
         assert!(skew(100.0) < 0.2, "alpha 100 should be near uniform");
     }
 
     #[test]
     fn impossible_settings_are_clear_errors() {
         let l = labels(100, 10);
-        let dir = |alpha| PartitionScheme::Dirichlet { alpha, min_size: 10 };
-        let e = Partition::new(&dir(0.5), &l, 10, 11, 0).unwrap_err().to_string();
-        assert!(e.contains("cannot give each of 11 clients at least 10"), "{e}");
+        let dir = |alpha| PartitionScheme::Dirichlet {
+            alpha,
+            min_size: 10,
+        };
+        let e = Partition::new(&dir(0.5), &l, 10, 11, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cannot give each of 11 clients at least 10"),
+            "{e}"
+        );
         for bad in [0.0, -1.0, f64::NAN] {
-            let e = Partition::new(&dir(bad), &l, 10, 2, 0).unwrap_err().to_string();
+            let e = Partition::new(&dir(bad), &l, 10, 2, 0)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("alpha must be a positive"), "{e}");
         }
-        let e = Partition::new(&PartitionScheme::Iid, &l, 10, 0, 0).unwrap_err().to_string();
+        let e = Partition::new(&PartitionScheme::Iid, &l, 10, 0, 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("at least 1"), "{e}");
         // Feasible by count but (almost surely) never by a Dirichlet(0.01) draw: fails, bounded.
-        let e = Partition::new(&dir(0.01), &l, 10, 10, 0).unwrap_err().to_string();
+        let e = Partition::new(&dir(0.01), &l, 10, 10, 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("1000 attempts"), "{e}");
     }
 
@@ -288,9 +312,18 @@ mod tests {
         p.save(&path).unwrap();
         assert_eq!(Partition::load(&path).unwrap(), p);
         std::fs::write(&path, b"{\"clients\": [[1, 2], [2]]}").unwrap();
-        let e = Partition::load(&path).unwrap().validate(50).unwrap_err().to_string();
+        let e = Partition::load(&path)
+            .unwrap()
+            .validate(50)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("sample 2 is given to two clients"), "{e}");
         std::fs::write(&path, b"{oops").unwrap();
-        assert!(Partition::load(&path).unwrap_err().to_string().contains("not a partition file"));
+        assert!(
+            Partition::load(&path)
+                .unwrap_err()
+                .to_string()
+                .contains("not a partition file")
+        );
     }
 }

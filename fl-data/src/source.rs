@@ -98,7 +98,10 @@ fn read_idx_dir(kind: DatasetKind, dir: &Path) -> Result<FederatedDataset, DataE
     let file = |name: &str| {
         find_file(dir, name).ok_or_else(|| DataError::Io {
             path: dir.join(name),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "file not found (raw or .gz)"),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "file not found (raw or .gz)",
+            ),
         })
     };
     let c = kind.num_classes();
@@ -145,7 +148,10 @@ pub fn embedded_fashion_mnist() -> Result<FederatedDataset, DataError> {
 ///
 /// An explicit `data_dir` that lacks the files is an error (it is never silently replaced by
 /// another source).
-pub fn load_dataset(kind: DatasetKind, data_dir: Option<&Path>) -> Result<FederatedDataset, DataError> {
+pub fn load_dataset(
+    kind: DatasetKind,
+    data_dir: Option<&Path>,
+) -> Result<FederatedDataset, DataError> {
     if let Some(dir) = data_dir {
         let candidates = [dir.to_path_buf(), dir.join(kind.name())];
         return match candidates.iter().find(|d| has_idx_files(d)) {
@@ -201,7 +207,10 @@ mod tests {
 
     #[test]
     fn parses_names() {
-        assert_eq!("Fashion-MNIST".parse::<DatasetKind>().unwrap(), DatasetKind::FashionMnist);
+        assert_eq!(
+            "Fashion-MNIST".parse::<DatasetKind>().unwrap(),
+            DatasetKind::FashionMnist
+        );
         let e = "cifar7".parse::<DatasetKind>().unwrap_err().to_string();
         assert!(e.contains("unknown dataset 'cifar7'"), "{e}");
     }
@@ -236,7 +245,10 @@ mod tests {
         let dir = Path::new("/usr/share/datasets/fashion-mnist");
         if !has_idx_files(dir) {
             // CI installs the package, so there a missing copy is a failure, not a skip.
-            assert!(std::env::var_os("CI").is_none(), "CI must install dataset-fashion-mnist");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must install dataset-fashion-mnist"
+            );
             eprintln!("skipping: {} not installed", dir.display());
             return;
         }
@@ -246,7 +258,10 @@ mod tests {
         assert_eq!(d.train.image_shape(), [1, 28, 28]);
         // Fashion-MNIST is balanced: 6,000 training images per class.
         let mut counts = [0usize; 10];
-        d.train.labels().iter().for_each(|&l| counts[l as usize] += 1);
+        d.train
+            .labels()
+            .iter()
+            .for_each(|&l| counts[l as usize] += 1);
         assert_eq!(counts, [6_000; 10]);
         // First training label of the official file is 9 (ankle boot).
         assert_eq!(d.train.labels()[0], 9);

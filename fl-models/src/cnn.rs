@@ -118,9 +118,17 @@ mod tests {
     #[test]
     fn parameter_counts_match_the_papers_code() {
         let d = device();
-        let mnist = CnnConfig { input_shape: [1, 28, 28], num_classes: 62 }.init(&d);
+        let mnist = CnnConfig {
+            input_shape: [1, 28, 28],
+            num_classes: 62,
+        }
+        .init(&d);
         assert_eq!(mnist.num_params(), 160_510);
-        let cifar = CnnConfig { input_shape: [3, 32, 32], num_classes: 10 }.init(&d);
+        let cifar = CnnConfig {
+            input_shape: [3, 32, 32],
+            num_classes: 10,
+        }
+        .init(&d);
         assert_eq!(cifar.num_params(), 62_006);
     }
 
@@ -128,7 +136,11 @@ mod tests {
     fn forward_shapes_and_blocks_chain() {
         let d = device();
         for (shape, classes) in [([1, 28, 28], 10), ([3, 32, 32], 10)] {
-            let m = CnnConfig { input_shape: shape, num_classes: classes }.init(&d);
+            let m = CnnConfig {
+                input_shape: shape,
+                num_classes: classes,
+            }
+            .init(&d);
             let x = Tensor::<4>::zeros([2, shape[0], shape[1], shape[2]], &d);
             assert_eq!(m.forward(x).dims(), [2, classes]);
             let blocks = m.blocks();

@@ -36,7 +36,10 @@ impl FedAvg {
     pub fn average(updates: &[LocalUpdate], weighted: bool) -> Result<ParamTable, StrategyError> {
         let tables: Vec<ParamTable> = updates.iter().map(|u| u.table.clone()).collect();
         let weights: Vec<f64> = updates.iter().map(|u| u.num_samples as f64).collect();
-        Ok(ParamTable::average(&tables, weighted.then_some(weights.as_slice()))?)
+        Ok(ParamTable::average(
+            &tables,
+            weighted.then_some(weights.as_slice()),
+        )?)
     }
 }
 
@@ -49,7 +52,11 @@ impl Strategy for FedAvg {
         self.global = Some(initial);
     }
 
-    fn dispatch(&mut self, _round: usize, clients: &[usize]) -> Result<Vec<ParamTable>, StrategyError> {
+    fn dispatch(
+        &mut self,
+        _round: usize,
+        clients: &[usize],
+    ) -> Result<Vec<ParamTable>, StrategyError> {
         let global = self.global.as_ref().ok_or(StrategyError::NotInitialised)?;
         Ok(vec![global.clone(); clients.len()])
     }
@@ -76,8 +83,9 @@ impl Strategy for FedAvg {
     }
 
     fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
-        let [global] = <[ParamTable; 1]>::try_from(state.tables)
-            .map_err(|t| StrategyError::Restore(format!("FedAvg keeps 1 model, checkpoint has {}", t.len())))?;
+        let [global] = <[ParamTable; 1]>::try_from(state.tables).map_err(|t| {
+            StrategyError::Restore(format!("FedAvg keeps 1 model, checkpoint has {}", t.len()))
+        })?;
         self.global = Some(global);
         Ok(())
     }

@@ -46,7 +46,11 @@ pub trait Strategy: Send {
 
     /// The model each sampled client starts from this round (`clients` in sampling order; the
     /// result has one table per client, in the same order).
-    fn dispatch(&mut self, round: usize, clients: &[usize]) -> Result<Vec<ParamTable>, StrategyError>;
+    fn dispatch(
+        &mut self,
+        round: usize,
+        clients: &[usize],
+    ) -> Result<Vec<ParamTable>, StrategyError>;
 
     /// Turns the uploads (in sampling order) into the new server models. `rng` is the round's
     /// server-side generator. Returns extra per-round metrics (merged into `metrics.jsonl`).

@@ -1,0 +1,281 @@
+//! End-to-end tests of the `fl` binary: real data, real training, real files.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const FL: &str = env!("CARGO_BIN_EXE_fl");
+const DEBIAN_FMNIST: &str = "/usr/share/datasets/fashion-mnist";
+
+fn fl(args: &[&str]) -> Output {
+    Command::new(FL).args(args).output().expect("fl runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A small FedAvg run on the embedded data (8,000 training images).
+fn small_run(out: &Path, threads: &str, rounds: &str) -> Vec<String> {
+    [
+        "fedavg",
+        "--clients",
+        "8",
+        "--sample",
+        "3",
+        "--rounds",
+        rounds,
+        "--local-epochs",
+        "1",
+        "--batch-size",
+        "32",
+        "--partition",
+        "dirichlet",
+        "--alpha",
+        "0.5",
+        "--seed",
+        "7",
+        "--threads",
+        threads,
+        "--quiet",
+        "--out",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([out.display().to_string()])
+    .collect()
+}
+
+fn run_ok(args: &[String]) {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = fl(&args);
+    assert!(o.status.success(), "fl {args:?} failed: {}", stderr(&o));
+}
+
+/// metrics.jsonl without wall-clock fields.
+fn metrics(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let m = v.as_object_mut().unwrap();
+            for k in ["train_seconds", "aggregate_seconds", "eval_seconds"] {
+                assert!(m.remove(k).is_some(), "metrics line lacks {k}");
+            }
+            v
+        })
+        .collect()
+}
+
+/// The checkpoint's tensors, by name (the file's byte order of metadata is not fixed).
+fn weights(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let bytes = std::fs::read(dir.join("checkpoint.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.data().to_vec()))
+        .collect()
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+#[test]
+fn bad_input_is_a_one_line_error_not_a_panic() {
+    let dir = tmp();
+    let out = dir.path().join("x").display().to_string();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--clients", "5", "--sample", "6"],
+            "cannot sample 6 clients per round from 5",
+        ),
+        (&["--alpha", "0"], "alpha must be a positive number"),
+        (&["--alpha=-1"], "alpha must be a positive number"),
+        (&["--dataset", "cifar7"], "unknown dataset 'cifar7'"),
+        (&["--model", "transformer"], "unknown model 'transformer'"),
+        (
+            &["--data-dir", "/nonexistent/data"],
+            "train-images-idx3-ubyte",
+        ),
+        (&["--partition", "zipf"], "unknown partition 'zipf'"),
+        (&["--lr", "0"], "learning rate must be a positive number"),
+        (
+            &["--clients", "9000"],
+            "cannot give each of 9000 clients at least 10",
+        ),
+        (&["--config", "/nonexistent.toml"], "cannot read config"),
+        (&["--resume", "/nonexistent-run"], "is not a run directory"),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["fedavg", "--rounds", "1", "--quiet", "--out", &out];
+        args.extend_from_slice(extra);
+        let o = fl(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(
+            err.contains(expected),
+            "{extra:?}: expected '{expected}' in: {err}"
+        );
+        assert!(!err.contains("panicked"), "{extra:?} panicked: {err}");
+        let error_lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+        assert_eq!(error_lines.len(), 1, "{extra:?}: {err}");
+    }
+}
+
+#[test]
+fn run_directory_is_self_describing() {
+    let dir = tmp();
+    let out = dir.path().join("run");
+    run_ok(&small_run(&out, "2", "2"));
+    for f in [
+        "config.toml",
+        "manifest.json",
+        "partition.json",
+        "metrics.jsonl",
+        "checkpoint.safetensors",
+        "model.bpk",
+    ] {
+        assert!(out.join(f).is_file(), "missing {f}");
+    }
+    let m = metrics(&out);
+    assert_eq!(m.len(), 2);
+    for (i, line) in m.iter().enumerate() {
+        assert_eq!(line["round"], i + 1);
+        let acc = line["test_acc"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&acc));
+        assert!(line["test_loss"].as_f64().unwrap().is_finite());
+        assert!(line["train_loss"].as_f64().unwrap().is_finite());
+        assert_eq!(line["clients"].as_array().unwrap().len(), 3);
+        // FedAvg sends and receives one 147,146-parameter model per client.
+        assert_eq!(line["bytes_down"], 3 * 147_146 * 4);
+        assert_eq!(line["bytes_up"], 3 * 147_146 * 4);
+    }
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["seed"], 7);
+    assert_eq!(manifest["backend"], "flex");
+    // Running again into the same directory without --resume refuses to overwrite it.
+    let args = small_run(&out, "2", "2");
+    let o = fl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("already holds a run"), "{}", stderr(&o));
+}
+
+#[test]
+fn same_seed_gives_identical_results_at_one_and_two_threads() {
+    let dir = tmp();
+    let (a, b): (PathBuf, PathBuf) = (dir.path().join("t1"), dir.path().join("t2"));
+    run_ok(&small_run(&a, "1", "2"));
+    run_ok(&small_run(&b, "2", "2"));
+    assert_eq!(metrics(&a), metrics(&b));
+    assert_eq!(weights(&a), weights(&b));
+    // A different seed gives a different run (the comparison above can fail).
+    let c = dir.path().join("s8");
+    let mut args = small_run(&c, "2", "2");
+    let seed = args.iter().position(|s| s == "--seed").unwrap();
+    args[seed + 1] = "8".into();
+    run_ok(&args);
+    assert_ne!(weights(&a), weights(&c));
+}
+
+#[test]
+fn a_killed_run_resumes_to_the_same_result() {
+    let dir = tmp();
+    let full = dir.path().join("full");
+    run_ok(&small_run(&full, "2", "4"));
+
+    // Start the same run, kill it as soon as it has checkpointed a round, then resume.
+    let killed = dir.path().join("killed");
+    let args = small_run(&killed, "2", "4");
+    let mut child = Command::new(FL).args(&args).spawn().unwrap();
+    let metrics_file = killed.join("metrics.jsonl");
+    loop {
+        let rounds = std::fs::read_to_string(&metrics_file).map_or(0, |t| t.lines().count());
+        if rounds >= 1 || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    child.wait().unwrap();
+    let done = metrics(&killed).len();
+    assert!(done <= 4);
+    run_ok(&[
+        "fedavg".into(),
+        "--resume".into(),
+        killed.display().to_string(),
+        "--quiet".into(),
+    ]);
+    assert_eq!(metrics(&killed), metrics(&full));
+    assert_eq!(weights(&killed), weights(&full));
+
+    // Extending a finished run with --rounds continues it.
+    run_ok(&[
+        "fedavg".into(),
+        "--resume".into(),
+        killed.display().to_string(),
+        "--rounds".into(),
+        "5".into(),
+        "--quiet".into(),
+    ]);
+    assert_eq!(metrics(&killed).len(), 5);
+}
+
+#[test]
+fn models_lists_parameter_counts_and_blocks() {
+    let o = fl(&["models", "--dataset", "fashion-mnist"]);
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("cnn") && text.contains("147146 parameters"),
+        "{text}"
+    );
+    assert!(text.contains("[1, 28, 28] -> [16, 12, 12]"), "{text}");
+}
+
+/// FedAvg on the real Fashion-MNIST (Debian's dataset-fashion-mnist, installed by CI) learns.
+#[test]
+fn fedavg_learns_the_real_fashion_mnist() {
+    if !Path::new(DEBIAN_FMNIST)
+        .join("train-images-idx3-ubyte.gz")
+        .is_file()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install dataset-fashion-mnist"
+        );
+        eprintln!("skipping: {DEBIAN_FMNIST} not installed");
+        return;
+    }
+    let dir = tmp();
+    let out = dir.path().join("real");
+    let o = fl(&[
+        "fedavg",
+        "--data-dir",
+        DEBIAN_FMNIST,
+        "--clients",
+        "20",
+        "--sample",
+        "5",
+        "--rounds",
+        "3",
+        "--local-epochs",
+        "1",
+        "--partition",
+        "iid",
+        "--seed",
+        "1",
+        "--quiet",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = metrics(&out);
+    let acc: Vec<f64> = m.iter().map(|l| l["test_acc"].as_f64().unwrap()).collect();
+    assert!(acc[2] > 0.6, "accuracy after 3 rounds: {acc:?}");
+    assert!(acc[2] > acc[0], "no progress: {acc:?}");
+    let manifest = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"train_samples\": 60000"), "{manifest}");
+}
