@@ -23,7 +23,7 @@ enum Command {
     /// FedAvg (McMahan et al. 2017): clients train the global model, the server averages them.
     Fedavg {
         #[command(flatten)]
-        args: RunArgs,
+        args: Box<RunArgs>,
         /// Average uploads with equal weights instead of by sample counts.
         #[arg(long)]
         unweighted: bool,

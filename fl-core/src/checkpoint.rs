@@ -55,9 +55,9 @@ pub fn save(
     };
     let mut named = Vec::new();
     for (slot, table) in state.tables.iter().enumerate() {
-        for (name, shape, values) in table.named_host().map_err(|e| corrupt(e.to_string()))? {
-            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            named.push((format!("{slot}/{name}"), shape, bytes));
+        for t in table.named_host().map_err(|e| corrupt(e.to_string()))? {
+            let bytes: Vec<u8> = t.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            named.push((format!("{slot}/{}", t.name), t.shape, bytes));
         }
     }
     let views = named

@@ -205,6 +205,17 @@ impl Layout {
     }
 }
 
+/// A host copy of one tensor of a table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    /// Dotted module path.
+    pub name: String,
+    /// Shape in the module.
+    pub shape: Vec<usize>,
+    /// Values, row-major.
+    pub values: Vec<f32>,
+}
+
 /// The unit that [`recombine`] permutes across models.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "level", rename_all = "kebab-case")]
@@ -554,13 +565,17 @@ impl ParamTable {
         self.with_values(values)
     }
 
-    /// Named host values, e.g. to serialise (name → (shape, values)).
-    pub fn named_host(&self) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>, LayerError> {
+    /// Named host copies of all tensors, e.g. to serialise.
+    pub fn named_host(&self) -> Result<Vec<HostTensor>, LayerError> {
         Ok(self
             .to_host()?
             .into_iter()
             .zip(&self.layout.tensors)
-            .map(|(v, info)| (info.name.clone(), info.shape.clone(), v))
+            .map(|(values, info)| HostTensor {
+                name: info.name.clone(),
+                shape: info.shape.clone(),
+                values,
+            })
             .collect())
     }
 
@@ -831,7 +846,7 @@ mod tests {
         assert!(a.l2_distance(&a).unwrap() < 1e-3);
         assert!(a.l2_distance(&b).unwrap() > 0.1);
         assert_eq!(a.layer_cosine_similarity(&b).unwrap().len(), 4);
-        assert!(ParamTable::average(&[a.clone()], Some(&[0.0])).is_err());
+        assert!(ParamTable::average(std::slice::from_ref(&a), Some(&[0.0])).is_err());
         assert!(ParamTable::average(&[], None).is_err());
     }
 
