@@ -155,7 +155,7 @@ pub struct RunArgs {
     /// Worker threads (default: all cores). Results do not depend on it.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Output directory (default: runs/<algorithm>-<dataset>-<model>-s<seed>).
+    /// Output directory (default: runs/ALGORITHM-DATASET-MODEL-sSEED).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// No progress bar or summary (also automatic when stdout is not a terminal).
