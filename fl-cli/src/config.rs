@@ -55,6 +55,12 @@ pub struct RunConfig {
     pub threads: usize,
     /// FedAvg: weight uploads by sample counts.
     pub weighted: bool,
+    /// FedMR: what is recombined (`tensor`, `layer`, `block`, `segments`).
+    pub granularity: String,
+    /// FedMR with `segments`: fraction of the layers per segment (FedMR-p*x*).
+    pub segment_fraction: f64,
+    /// FedMR: rounds aggregated with FedAvg before recombination starts.
+    pub first_stage: usize,
     /// Output directory.
     pub out: Option<PathBuf>,
 }
@@ -83,6 +89,9 @@ impl Default for RunConfig {
             eval_batch_size: 500,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             weighted: true,
+            granularity: "tensor".into(),
+            segment_fraction: 0.5,
+            first_stage: 0,
             out: None,
         }
     }
@@ -252,6 +261,24 @@ impl RunConfig {
             }
             other => bail!("unknown partition '{other}' (known: iid, dirichlet)"),
         }
+    }
+
+    /// FedMR's recombination unit.
+    pub fn granularity(&self) -> anyhow::Result<fl_core::Granularity> {
+        use fl_core::Granularity;
+        Ok(match self.granularity.as_str() {
+            "tensor" => Granularity::Tensor,
+            "layer" => Granularity::Layer,
+            "block" => Granularity::Block,
+            "segments" => {
+                let fraction = self.segment_fraction;
+                if !(fraction > 0.0 && fraction <= 1.0) {
+                    bail!("--segment-fraction must be in (0, 1], got {fraction}");
+                }
+                Granularity::Segments { fraction }
+            }
+            other => bail!("unknown granularity '{other}' (known: tensor, layer, block, segments)"),
+        })
     }
 
     /// The engine settings.

@@ -28,6 +28,25 @@ enum Command {
         #[arg(long)]
         unweighted: bool,
     },
+    /// FedMR (Hu et al. 2024): K models, recombined layer-wise across clients every round.
+    Fedmr {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        /// Unit shuffled across models: tensor (authors' code), layer (paper), block, segments.
+        #[arg(long)]
+        granularity: Option<String>,
+        /// With `--granularity segments`: fraction of layers per segment (FedMR-px ablation).
+        #[arg(long)]
+        segment_fraction: Option<f64>,
+        /// Aggregate the first R rounds with FedAvg, then recombine (paper: 100 for ResNet/VGG).
+        #[arg(long, value_name = "R")]
+        first_stage: Option<usize>,
+    },
+    /// FedIndep: K models trained independently, re-dispatched to random clients each round.
+    Fedindep {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+    },
     /// List the models with their parameter counts and blocks for a dataset.
     Models {
         /// Dataset whose input shape and classes to use.
@@ -40,6 +59,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Fedavg { args, unweighted } => run::fedavg(&args, unweighted),
+        Command::Fedmr {
+            args,
+            granularity,
+            segment_fraction,
+            first_stage,
+        } => run::fedmr(&args, granularity, segment_fraction, first_stage),
+        Command::Fedindep { args } => run::fedindep(&args),
         Command::Models { dataset } => run::list_models(&dataset),
     };
     match result {

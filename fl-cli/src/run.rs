@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use burn::module::Module;
 use burn::tensor::Device;
 use fl_core::rng::{Purpose, derive_seed};
-use fl_core::strategy::Strategy;
+use fl_core::strategy::{FedMr, FedMrConfig, Strategy};
 use fl_core::{Classifier, FedAvg, RoundMetrics, Simulation};
 use fl_data::{FederatedDataset, Partition, load_dataset};
 use fl_models::{CnnConfig, ModelKind};
@@ -49,6 +49,38 @@ pub fn fedavg(args: &RunArgs, unweighted: bool) -> anyhow::Result<()> {
         FedAvg::unweighted()
     };
     run(&cfg, resume, args.quiet, &mut strategy)
+}
+
+/// `fl fedmr`.
+pub fn fedmr(
+    args: &RunArgs,
+    granularity: Option<String>,
+    segment_fraction: Option<f64>,
+    first_stage: Option<usize>,
+) -> anyhow::Result<()> {
+    let (mut cfg, resume) = resolve("fedmr", args)?;
+    if !resume {
+        if let Some(g) = granularity {
+            cfg.granularity = g;
+        }
+        if let Some(x) = segment_fraction {
+            cfg.segment_fraction = x;
+        }
+        if let Some(r) = first_stage {
+            cfg.first_stage = r;
+        }
+    }
+    let mut strategy = FedMr::new(FedMrConfig {
+        granularity: cfg.granularity()?,
+        first_stage: cfg.first_stage,
+    });
+    run(&cfg, resume, args.quiet, &mut strategy)
+}
+
+/// `fl fedindep`.
+pub fn fedindep(args: &RunArgs) -> anyhow::Result<()> {
+    let (cfg, resume) = resolve("fedindep", args)?;
+    run(&cfg, resume, args.quiet, &mut FedMr::fedindep())
 }
 
 /// Builds the model named in `cfg` and runs `strategy`.

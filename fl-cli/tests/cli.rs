@@ -279,3 +279,43 @@ fn fedavg_learns_the_real_fashion_mnist() {
     let manifest = std::fs::read_to_string(out.join("manifest.json")).unwrap();
     assert!(manifest.contains("\"train_samples\": 60000"), "{manifest}");
 }
+
+#[test]
+fn fedmr_two_stage_and_fedindep_run_end_to_end() {
+    let dir = tmp();
+    let out = dir.path().join("fedmr");
+    let mut args = small_run(&out, "2", "3");
+    args[0] = "fedmr".into();
+    args.extend(["--granularity", "layer", "--first-stage", "1"].map(String::from));
+    run_ok(&args);
+    let m = metrics(&out);
+    let stages: Vec<&str> = m.iter().map(|l| l["stage"].as_str().unwrap()).collect();
+    assert_eq!(stages, ["fedavg", "recombine", "recombine"]);
+    for l in &m {
+        let cos = l["mean_pairwise_cosine"].as_f64().unwrap();
+        assert!(cos > 0.0 && cos <= 1.0 + 1e-9, "{cos}");
+    }
+    // The checkpoint holds the K = 3 intermediate models.
+    let slots: std::collections::BTreeSet<String> = weights(&out)
+        .keys()
+        .map(|k| k.split('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(slots.len(), 3);
+
+    let indep = dir.path().join("fedindep");
+    let mut args = small_run(&indep, "2", "2");
+    args[0] = "fedindep".into();
+    run_ok(&args);
+    assert_eq!(metrics(&indep).len(), 2);
+
+    let mut args = small_run(&dir.path().join("bad"), "2", "1");
+    args[0] = "fedmr".into();
+    args.extend(["--granularity", "neuron"].map(String::from));
+    let o = fl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("unknown granularity 'neuron'"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -5,11 +5,12 @@ use burn::tensor::Tensor;
 
 use crate::layers::BlockSpec;
 
-/// An image classifier the engine can train, evaluate and take apart.
+/// An image classifier the engine can train, evaluate and take apart (`Sync` so evaluation can
+/// share it across threads).
 ///
 /// Implement it for any `#[derive(Module)]` struct to use the engine and strategies with your own
 /// architecture; `blocks` is optional and only needed for block-level operations.
-pub trait Classifier: Module + 'static {
+pub trait Classifier: Module + Sync + 'static {
     /// Maps a batch of images `[N, C, H, W]` to logits `[N, classes]`.
     fn forward(&self, images: Tensor<4>) -> Tensor<2>;
 

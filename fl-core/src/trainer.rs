@@ -220,35 +220,39 @@ pub fn train_local<M: Classifier>(
 }
 
 /// Test accuracy (in `[0, 1]`) and mean cross-entropy of `model` on all of `data`.
+///
+/// Batches are evaluated in parallel on the current rayon pool (each on one thread), and the
+/// per-batch sums are added in batch order, so the result does not depend on the thread count.
 pub fn evaluate<M: Classifier>(
     model: &M,
     data: &Dataset,
     norm: &Normalization,
     batch_size: usize,
 ) -> (f64, f64) {
+    use rayon::prelude::*;
     let model = model.valid();
     let device = model
         .devices()
         .into_iter()
         .next()
         .expect("a model has a device");
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let all: Vec<usize> = (0..data.len()).collect();
-    let mut losses = Vec::new();
-    let mut corrects = Vec::new();
-    for batch in all.chunks(batch_size.max(1)) {
-        let (images, labels) = make_batch(data, norm, batch, &device);
-        let logits = model.forward(images);
-        losses.push(
-            loss_fn
+    let per_batch: Vec<(f64, i64)> = all
+        .par_chunks(batch_size.max(1))
+        .map(|batch| {
+            let loss_fn = CrossEntropyLossConfig::new().init(&device);
+            let (images, labels) = make_batch(data, norm, batch, &device);
+            let logits = model.forward(images);
+            let loss = loss_fn
                 .forward(logits.clone(), labels.clone())
-                .mul_scalar(batch.len() as f64),
-        );
-        let predicted = logits.argmax(1).squeeze_dim::<1>(1);
-        corrects.push(predicted.equal(labels).int().sum());
-    }
-    let loss = Tensor::cat(losses, 0).sum().into_scalar::<f32>() as f64;
-    let correct = Tensor::cat(corrects, 0).sum().into_scalar::<i64>() as f64;
+                .into_scalar::<f32>() as f64;
+            let predicted = logits.argmax(1).squeeze_dim::<1>(1);
+            let correct = predicted.equal(labels).int().sum().into_scalar::<i64>();
+            (loss * batch.len() as f64, correct)
+        })
+        .collect();
     let n = data.len().max(1) as f64;
-    (correct / n, loss / n)
+    let loss: f64 = per_batch.iter().map(|(l, _)| l).sum();
+    let correct: i64 = per_batch.iter().map(|(_, c)| c).sum();
+    (correct as f64 / n, loss / n)
 }

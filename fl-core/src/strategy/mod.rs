@@ -1,11 +1,13 @@
 //! Server strategies: which model each sampled client gets, and what the server does with the
 //! uploads. A strategy never trains and never touches files; it speaks in [`ParamTable`]s.
 //!
-//! One algorithm, one file: [`fedavg`].
+//! One algorithm, one file: [`fedavg`], [`fedmr`].
 
 pub mod fedavg;
+pub mod fedmr;
 
 pub use fedavg::FedAvg;
+pub use fedmr::{FedMr, FedMrConfig};
 
 use rand_chacha::ChaCha8Rng;
 
