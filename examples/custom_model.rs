@@ -1,6 +1,7 @@
-//! Federated training of your own Burn module with the library API (no CLI).
+//! Federated training of your own Burn module with the library API (no CLI): FedAvg and FedMR
+//! (layer-wise recombination) on a model that is not part of `fl-models`.
 //!
-//! Run with `cargo run --release --example custom_model --features burn/flex`.
+//! Run with `cargo run --release -p federated --example custom_model`.
 //! Any `#[derive(Module)]` type becomes trainable by implementing `Classifier::forward`.
 
 use burn::module::Module;
@@ -8,8 +9,9 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use federated::core::rng::{Purpose, derive_seed};
+use federated::core::strategy::{FedMr, FedMrConfig, Strategy};
 use federated::core::trainer::TrainConfig;
-use federated::core::{Classifier, EngineConfig, FedAvg, Simulation};
+use federated::core::{Classifier, EngineConfig, FedAvg, Granularity, Simulation};
 use federated::data::{DatasetKind, Partition, PartitionScheme, load_dataset};
 
 /// A two-layer perceptron: not one of `fl-models`, defined right here.
@@ -65,13 +67,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir: None,
         objective: None,
     };
-    let summary = sim.run(&mut FedAvg::weighted(), false, &mut |m| {
+    let fedmr = FedMr::new(FedMrConfig {
+        granularity: Granularity::Layer,
+        first_stage: 0,
+    });
+    let strategies: Vec<Box<dyn Strategy>> = vec![Box::new(FedAvg::weighted()), Box::new(fedmr)];
+    for mut strategy in strategies {
+        let name = strategy.name();
+        let summary = sim.run(strategy.as_mut(), false, &mut |m| {
+            let acc = 100.0 * m.test_acc.unwrap_or(0.0);
+            println!("{name} round {}: test accuracy {acc:.2}%", m.round);
+        })?;
         println!(
-            "round {}: test accuracy {:.2}%",
-            m.round,
-            100.0 * m.test_acc.unwrap_or(0.0)
+            "{name}: final model has {} parameters",
+            summary.global.num_elements()
         );
-    })?;
-    println!("final model: {} parameters", summary.global.num_elements());
+    }
     Ok(())
 }

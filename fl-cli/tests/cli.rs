@@ -319,3 +319,91 @@ fn fedmr_two_stage_and_fedindep_run_end_to_end() {
         stderr(&o)
     );
 }
+
+/// Writes an MNIST-format (IDX) dataset of `n` train and `n / 4` test images, class = row band.
+fn write_idx_fixture(dir: &Path, n: usize) {
+    let write = |name: &str, magic: u32, dims: &[u32], payload: &[u8]| {
+        let mut bytes = magic.to_be_bytes().to_vec();
+        dims.iter()
+            .for_each(|d| bytes.extend_from_slice(&d.to_be_bytes()));
+        bytes.extend_from_slice(payload);
+        std::fs::write(dir.join(name), bytes).unwrap();
+    };
+    for (prefix, count) in [("train", n), ("t10k", n / 4)] {
+        let labels: Vec<u8> = (0..count).map(|i| (i % 10) as u8).collect();
+        let mut pixels = vec![0u8; count * 28 * 28];
+        for (i, &l) in labels.iter().enumerate() {
+            // A bright horizontal band whose position encodes the label: learnable, not trivial.
+            let row = 2 + 2 * l as usize;
+            for x in 0..28 {
+                pixels[i * 784 + row * 28 + x] = 200 + (i % 50) as u8;
+            }
+        }
+        write(
+            &format!("{prefix}-images-idx3-ubyte"),
+            0x803,
+            &[count as u32, 28, 28],
+            &pixels,
+        );
+        write(
+            &format!("{prefix}-labels-idx1-ubyte"),
+            0x801,
+            &[count as u32],
+            &labels,
+        );
+    }
+}
+
+#[test]
+fn mnist_from_a_data_dir_and_corrupt_files() {
+    let dir = tmp();
+    let data = dir.path().join("mnist");
+    std::fs::create_dir(&data).unwrap();
+    write_idx_fixture(&data, 400);
+    let out = dir.path().join("run").display().to_string();
+    let data_arg = data.display().to_string();
+    let base = [
+        "fedavg",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        &data_arg,
+        "--clients",
+        "4",
+        "--sample",
+        "2",
+        "--rounds",
+        "2",
+        "--local-epochs",
+        "2",
+        "--partition",
+        "iid",
+        "--lr",
+        "0.05",
+        "--quiet",
+        "--out",
+        &out,
+    ];
+    let o = fl(&base);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = metrics(Path::new(&out));
+    assert!(
+        m[1]["test_acc"].as_f64().unwrap() > 0.5,
+        "fixture not learned: {m:?}"
+    );
+
+    // Truncate the training images: a clear error naming the file.
+    let images = data.join("train-images-idx3-ubyte");
+    let bytes = std::fs::read(&images).unwrap();
+    std::fs::write(&images, &bytes[..bytes.len() - 10]).unwrap();
+    let out2 = dir.path().join("run2").display().to_string();
+    let mut args = base.to_vec();
+    *args.last_mut().unwrap() = &out2;
+    let o = fl(&args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("train-images-idx3-ubyte") && err.contains("payload"),
+        "{err}"
+    );
+}
