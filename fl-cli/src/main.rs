@@ -57,6 +57,14 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Logs go to stderr, filtered by RUST_LOG (default: warnings only), e.g. RUST_LOG=info.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Command::Fedavg { args, unweighted } => run::fedavg(&args, unweighted),
         Command::Fedmr {

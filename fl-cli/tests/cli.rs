@@ -102,6 +102,11 @@ fn bad_input_is_a_one_line_error_not_a_panic() {
         (&["--partition", "zipf"], "unknown partition 'zipf'"),
         (&["--lr", "0"], "learning rate must be a positive number"),
         (
+            &["--lr", "1e9", "--local-epochs", "1"],
+            "lower the learning rate",
+        ),
+        (&["--momentum", "1.5"], "momentum must be in [0, 1)"),
+        (
             &["--clients", "9000"],
             "cannot give each of 9000 clients at least 10",
         ),
