@@ -10,11 +10,37 @@ use fl_core::rng::{Purpose, derive_seed};
 use fl_core::strategy::{FedMr, FedMrConfig, Strategy};
 use fl_core::{Classifier, FedAvg, RoundMetrics, Simulation};
 use fl_data::{FederatedDataset, Partition, load_dataset};
-use fl_models::{CnnConfig, ModelKind};
+use fl_models::{CnnConfig, CnnFedAvgConfig, ModelKind};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend;
 use crate::config::{RunArgs, RunConfig};
+
+/// Builds the model `$kind` for images of `$shape` and `$classes` classes on `$device`, binds it
+/// to `$model` and evaluates `$body` (models are distinct types, so each arm is monomorphised).
+macro_rules! with_model {
+    ($kind:expr, $shape:expr, $classes:expr, $device:expr, |$model:ident| $body:expr) => {{
+        let (input_shape, num_classes) = ($shape, $classes);
+        match $kind {
+            ModelKind::Cnn => {
+                let $model = CnnConfig {
+                    input_shape,
+                    num_classes,
+                }
+                .init($device);
+                $body
+            }
+            ModelKind::CnnFedavg => {
+                let $model = CnnFedAvgConfig {
+                    input_shape,
+                    num_classes,
+                }
+                .init($device);
+                $body
+            }
+        }
+    }};
+}
 
 /// Loads the config for a new run or a resumed one.
 fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)> {
@@ -137,16 +163,10 @@ pub fn run(
     }
     let ad = device.clone().autodiff();
     ad.seed(derive_seed(cfg.seed, Purpose::Init, 0, 0));
-    match model_kind {
-        ModelKind::Cnn => {
-            let model = CnnConfig {
-                input_shape: data.train.image_shape(),
-                num_classes: data.train.num_classes(),
-            }
-            .init(&ad);
-            simulate(model, cfg, &data, &partition, resume, quiet, strategy)
-        }
-    }
+    let (shape, classes) = (data.train.image_shape(), data.train.num_classes());
+    with_model!(model_kind, shape, classes, &ad, |model| simulate(
+        model, cfg, &data, &partition, resume, quiet, strategy
+    ))
 }
 
 fn simulate<M: Classifier>(
@@ -245,15 +265,15 @@ pub fn list_models(dataset: &str) -> anyhow::Result<()> {
     let kind: fl_data::DatasetKind = dataset.parse()?;
     let device: Device = backend::device();
     for &m in ModelKind::all() {
-        let model = match m {
-            ModelKind::Cnn => CnnConfig {
-                input_shape: kind.image_shape(),
-                num_classes: kind.num_classes(),
-            }
-            .init(&device),
-        };
-        println!("{:<12} {:>10} parameters", m.name(), model.num_params());
-        for b in model.blocks() {
+        let (params, blocks) = with_model!(
+            m,
+            kind.image_shape(),
+            kind.num_classes(),
+            &device,
+            |model| (model.num_params(), model.blocks())
+        );
+        println!("{:<12} {:>10} parameters", m.name(), params);
+        for b in blocks {
             println!(
                 "  {:<10} {:?} -> {:?}",
                 b.name, b.input_shape, b.output_shape

@@ -3,8 +3,10 @@
 //! Models implement [`fl_core::Classifier`]; [`ModelKind`] names them for the command line.
 
 mod cnn;
+mod cnn_fedavg;
 
 pub use cnn::{Cnn, CnnConfig};
+pub use cnn_fedavg::{CnnFedAvg, CnnFedAvgConfig};
 
 use std::str::FromStr;
 
@@ -14,11 +16,13 @@ use std::str::FromStr;
 pub enum ModelKind {
     /// The FedMR/FedCross authors' CNN ([`Cnn`]).
     Cnn,
+    /// McMahan et al.'s FedAvg CNN ([`CnnFedAvg`]).
+    CnnFedavg,
 }
 
 /// The model name is not one this crate knows.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown model '{0}' (known: cnn)")]
+#[error("unknown model '{0}' (known: cnn, cnn-fedavg)")]
 pub struct UnknownModel(pub String);
 
 impl FromStr for ModelKind {
@@ -26,6 +30,7 @@ impl FromStr for ModelKind {
     fn from_str(s: &str) -> Result<Self, UnknownModel> {
         match s {
             "cnn" => Ok(Self::Cnn),
+            "cnn-fedavg" => Ok(Self::CnnFedavg),
             _ => Err(UnknownModel(s.to_string())),
         }
     }
@@ -36,11 +41,12 @@ impl ModelKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::Cnn => "cnn",
+            Self::CnnFedavg => "cnn-fedavg",
         }
     }
 
     /// Every model, for listings.
     pub fn all() -> &'static [ModelKind] {
-        &[Self::Cnn]
+        &[Self::Cnn, Self::CnnFedavg]
     }
 }
