@@ -90,3 +90,73 @@ impl Strategy for FedAvg {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_model::tiny;
+    use rand::SeedableRng;
+
+    fn update(seed: u64, num_samples: usize) -> LocalUpdate {
+        LocalUpdate {
+            client: seed as usize,
+            table: ParamTable::from_module(&tiny(seed)),
+            num_samples,
+            train_loss: 0.0,
+        }
+    }
+
+    fn host(t: &ParamTable) -> Vec<f32> {
+        t.to_host().unwrap().concat()
+    }
+
+    fn blend(a: &[f32], b: &[f32], wa: f32) -> Vec<f32> {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| wa * x + (1.0 - wa) * y)
+            .collect()
+    }
+
+    fn close(a: &[f32], b: &[f32]) -> bool {
+        a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6)
+    }
+
+    #[test]
+    fn weighted_by_samples_or_equally() {
+        let ups = vec![update(1, 10), update(2, 30)];
+        let (a, b) = (host(&ups[0].table), host(&ups[1].table));
+        for (mut s, wa) in [(FedAvg::weighted(), 0.25), (FedAvg::unweighted(), 0.5)] {
+            s.init(update(0, 1).table, 2);
+            let sent = s.dispatch(1, &[4, 7]).unwrap();
+            assert_eq!(sent.len(), 2);
+            s.aggregate(1, ups.clone(), &mut ChaCha8Rng::seed_from_u64(0))
+                .unwrap();
+            let global = host(&s.global_model().unwrap());
+            assert!(close(&global, &blend(&a, &b, wa)), "weight {wa}");
+            // The next round dispatches the new global model to every client.
+            let next = s.dispatch(2, &[1, 2, 3]).unwrap();
+            assert!(next.iter().all(|t| host(t) == global));
+        }
+    }
+
+    #[test]
+    fn state_restores_the_global_model() {
+        let mut s = FedAvg::weighted();
+        s.init(update(0, 1).table, 2);
+        s.aggregate(
+            1,
+            vec![update(1, 5), update(2, 5)],
+            &mut ChaCha8Rng::seed_from_u64(0),
+        )
+        .unwrap();
+        let mut t = FedAvg::weighted();
+        t.init(update(0, 1).table, 2);
+        t.restore(s.state()).unwrap();
+        assert_eq!(
+            host(&t.global_model().unwrap()),
+            host(&s.global_model().unwrap())
+        );
+        assert!(t.restore(StrategyState::default()).is_err());
+        assert!(FedAvg::weighted().global_model().is_err());
+    }
+}
