@@ -56,6 +56,21 @@ fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)>
             cfg.algorithm
         );
     }
+    // Only --rounds may change a resumed run; say so if other settings were given.
+    let only_rounds = RunArgs {
+        rounds: None,
+        resume: None,
+        quiet: false,
+        ..args.clone()
+    };
+    if RunConfig::resolve(algorithm, &only_rounds)?
+        != RunConfig::resolve(algorithm, &RunArgs::default())?
+    {
+        eprintln!(
+            "warning: --resume continues with {}/config.toml; other settings given are ignored",
+            dir.display()
+        );
+    }
     if let Some(rounds) = args.rounds {
         cfg.rounds = rounds;
     }
