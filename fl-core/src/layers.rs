@@ -485,7 +485,7 @@ impl ParamTable {
         }
     }
 
-    /// Per-layer `(Σx·y, ‖x‖², ‖y‖²)` over the given tensor kinds, read back in one transfer.
+    /// Per-layer `(Σx·y, ‖x‖², ‖y‖²)` over all tensors, read back in one transfer.
     fn layer_products(&self, other: &Self) -> Result<Vec<[f64; 3]>, LayerError> {
         self.check_same(other)?;
         let parts: Vec<Tensor<1>> = self

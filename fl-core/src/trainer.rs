@@ -109,6 +109,15 @@ pub enum TrainError {
     Layer(#[from] LayerError),
 }
 
+/// The device a model's parameters live on.
+fn model_device<M: Classifier>(model: &M) -> Device {
+    model
+        .devices()
+        .into_iter()
+        .next()
+        .expect("a model has a device")
+}
+
 /// Gathers `indices` into a device batch of images and labels.
 pub fn make_batch(
     data: &Dataset,
@@ -157,11 +166,7 @@ pub fn train_local<M: Classifier>(
         return Err(TrainError::NoSamples(task.client));
     }
     let mut model = task.start.load_into(task.template)?;
-    let device = model
-        .devices()
-        .into_iter()
-        .next()
-        .expect("a model has a device");
+    let device = model_device(&model);
     let mut optim = SgdConfig::new()
         .with_momentum((cfg.momentum > 0.0).then(|| {
             MomentumConfig::new()
@@ -231,11 +236,7 @@ pub fn evaluate<M: Classifier>(
 ) -> (f64, f64) {
     use rayon::prelude::*;
     let model = model.valid();
-    let device = model
-        .devices()
-        .into_iter()
-        .next()
-        .expect("a model has a device");
+    let device = model_device(&model);
     let all: Vec<usize> = (0..data.len()).collect();
     let per_batch: Vec<(f64, i64)> = all
         .par_chunks(batch_size.max(1))
