@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use fl_core::strategy::FedCrossConfig;
 use fl_core::{EngineConfig, TrainConfig};
 use fl_data::{DatasetKind, PartitionScheme};
 use fl_models::ModelKind;
@@ -59,8 +60,24 @@ pub struct RunConfig {
     pub granularity: String,
     /// FedMR with `segments`: fraction of the layers per segment (FedMR-p*x*).
     pub segment_fraction: f64,
-    /// FedMR: rounds aggregated with FedAvg before recombination starts.
+    /// FedMR, FedCross: rounds aggregated with FedAvg before recombination/cross aggregation.
     pub first_stage: usize,
+    /// FedMR: recombine by the client-to-client encrypted exchange (paper, Appendix B).
+    pub secure: bool,
+    /// FedMR with `secure`: exchange passes (each client offers each unit once per pass).
+    pub secure_passes: usize,
+    /// FedCross: weight α of a model's own upload in its fusion.
+    pub cross_alpha: f64,
+    /// FedCross: partner selection (`in-order`, `lowest`, `highest`).
+    pub select: String,
+    /// FedCross: similarity for partner selection (`cosine`, `paper`).
+    pub similarity: String,
+    /// FedCross: cross-aggregation rounds fused with two in-order propeller partners.
+    pub propellers: usize,
+    /// FedCross: α schedule `START:END:ROUNDS` replacing `cross_alpha`.
+    pub dynamic_alpha: Option<String>,
+    /// FedCross: fuse only trainable parameters (keep each model's BatchNorm statistics).
+    pub trainable_only: bool,
     /// Output directory.
     pub out: Option<PathBuf>,
 }
@@ -92,6 +109,14 @@ impl Default for RunConfig {
             granularity: "tensor".into(),
             segment_fraction: 0.5,
             first_stage: 0,
+            secure: false,
+            secure_passes: 3,
+            cross_alpha: 0.99,
+            select: "lowest".into(),
+            similarity: "cosine".into(),
+            propellers: 0,
+            dynamic_alpha: None,
+            trainable_only: false,
             out: None,
         }
     }
@@ -176,6 +201,53 @@ macro_rules! override_fields {
     ($cfg:ident, $args:ident, $($field:ident),*) => {
         $( if let Some(v) = $args.$field.clone() { $cfg.$field = v.into(); } )*
     };
+}
+
+/// FedCross's flags (override the same fields of `--config`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct FedCrossArgs {
+    /// Weight of a model's own upload in its fusion wᵢ = α·vᵢ + (1 − α)·v_co (paper: 0.99).
+    #[arg(long, value_name = "ALPHA")]
+    pub cross_alpha: Option<f64>,
+    /// Partner selection: lowest (paper's choice), highest similarity, or in-order.
+    #[arg(long)]
+    pub select: Option<String>,
+    /// Similarity for partner selection: cosine (authors' code) or paper (Eq. 5 as printed).
+    #[arg(long)]
+    pub similarity: Option<String>,
+    /// Aggregate the first R rounds with FedAvg, then cross-aggregate.
+    #[arg(long, value_name = "R")]
+    pub first_stage: Option<usize>,
+    /// Fuse each model with two in-order propeller partners for the first N cross rounds.
+    #[arg(long, value_name = "N")]
+    pub propellers: Option<usize>,
+    /// Grow α linearly from START to END over ROUNDS rounds (after any propeller rounds).
+    #[arg(long, value_name = "START:END:ROUNDS")]
+    pub dynamic_alpha: Option<String>,
+    /// Fuse only trainable parameters; keep each model's BatchNorm statistics.
+    #[arg(long)]
+    pub trainable_only: bool,
+}
+
+impl FedCrossArgs {
+    /// Writes the given flags into `cfg`.
+    pub fn apply(&self, cfg: &mut RunConfig) {
+        override_fields!(
+            cfg,
+            self,
+            cross_alpha,
+            select,
+            similarity,
+            first_stage,
+            propellers
+        );
+        if self.dynamic_alpha.is_some() {
+            cfg.dynamic_alpha = self.dynamic_alpha.clone();
+        }
+        if self.trainable_only {
+            cfg.trainable_only = true;
+        }
+    }
 }
 
 impl RunConfig {
@@ -279,6 +351,28 @@ impl RunConfig {
             }
             other => bail!("unknown granularity '{other}' (known: tensor, layer, block, segments)"),
         })
+    }
+
+    /// FedCross's settings, checked.
+    pub fn fedcross(&self) -> anyhow::Result<FedCrossConfig> {
+        let config = FedCrossConfig {
+            alpha: self.cross_alpha,
+            selection: self.select.parse().map_err(anyhow::Error::msg)?,
+            similarity: self.similarity.parse().map_err(anyhow::Error::msg)?,
+            first_stage: self.first_stage,
+            propeller_rounds: self.propellers,
+            dynamic_alpha: self
+                .dynamic_alpha
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(anyhow::Error::msg)?,
+            trainable_only: self.trainable_only,
+        };
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!("--cross-alpha / --dynamic-alpha: {e}"))?;
+        Ok(config)
     }
 
     /// The engine settings.

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use config::RunArgs;
+use config::{FedCrossArgs, RunArgs};
 
 /// Federated-learning simulations (FedAvg, ...) on Burn, reproducible from a seed.
 #[derive(Debug, Parser)]
@@ -42,6 +42,13 @@ enum Command {
         #[arg(long, value_name = "R")]
         first_stage: Option<usize>,
     },
+    /// FedCross (Hu et al. 2024): K models, each fused with a collaborative partner every round.
+    Fedcross {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        #[command(flatten)]
+        cross: FedCrossArgs,
+    },
     /// FedIndep: K models trained independently, re-dispatched to random clients each round.
     Fedindep {
         #[command(flatten)]
@@ -73,6 +80,7 @@ fn main() -> ExitCode {
             segment_fraction,
             first_stage,
         } => run::fedmr(&args, granularity, segment_fraction, first_stage),
+        Command::Fedcross { args, cross } => run::fedcross(&args, &cross),
         Command::Fedindep { args } => run::fedindep(&args),
         Command::Models { dataset } => run::list_models(&dataset),
     };

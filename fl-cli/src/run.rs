@@ -7,14 +7,14 @@ use anyhow::{Context, bail};
 use burn::module::Module;
 use burn::tensor::Device;
 use fl_core::rng::{Purpose, derive_seed};
-use fl_core::strategy::{FedMr, FedMrConfig, Strategy};
+use fl_core::strategy::{FedCross, FedMr, FedMrConfig, Strategy};
 use fl_core::{Classifier, FedAvg, RoundMetrics, Simulation};
 use fl_data::{FederatedDataset, Partition, load_dataset};
 use fl_models::{CnnConfig, CnnFedAvgConfig, ModelKind};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend;
-use crate::config::{RunArgs, RunConfig};
+use crate::config::{FedCrossArgs, RunArgs, RunConfig};
 
 /// Builds the model `$kind` for images of `$shape` and `$classes` classes on `$device`, binds it
 /// to `$model` and evaluates `$body` (models are distinct types, so each arm is monomorphised).
@@ -115,6 +115,16 @@ pub fn fedmr(
         granularity: cfg.granularity()?,
         first_stage: cfg.first_stage,
     });
+    run(&cfg, resume, args.quiet, &mut strategy)
+}
+
+/// `fl fedcross`.
+pub fn fedcross(args: &RunArgs, cross: &FedCrossArgs) -> anyhow::Result<()> {
+    let (mut cfg, resume) = resolve("fedcross", args)?;
+    if !resume {
+        cross.apply(&mut cfg);
+    }
+    let mut strategy = FedCross::new(cfg.fedcross()?);
     run(&cfg, resume, args.quiet, &mut strategy)
 }
 

@@ -325,6 +325,53 @@ fn fedmr_two_stage_and_fedindep_run_end_to_end() {
     );
 }
 
+#[test]
+fn fedcross_stages_partners_and_bad_flags() {
+    let dir = tmp();
+    let out = dir.path().join("fedcross");
+    let mut args = small_run(&out, "2", "3");
+    args[0] = "fedcross".into();
+    args.extend(
+        [
+            "--first-stage",
+            "1",
+            "--propellers",
+            "1",
+            "--dynamic-alpha",
+            "0.5:0.9:2",
+        ]
+        .map(String::from),
+    );
+    run_ok(&args);
+    let m = metrics(&out);
+    let stages: Vec<&str> = m.iter().map(|l| l["stage"].as_str().unwrap()).collect();
+    assert_eq!(stages, ["fedavg", "propellers", "cross"]);
+    assert_eq!(m[1]["alpha"], 0.5);
+    assert_eq!(m[2]["alpha"], 0.5);
+    for l in &m[1..] {
+        for (i, partners) in l["partners"].as_array().unwrap().iter().enumerate() {
+            let partners = partners.as_array().unwrap();
+            assert!(!partners.is_empty() && !partners.contains(&serde_json::json!(i)));
+        }
+    }
+    for (flags, expected) in [
+        (&["--cross-alpha", "1.5"][..], "alpha must be in [0, 1]"),
+        (
+            &["--select", "random"][..],
+            "unknown partner selection 'random'",
+        ),
+        (&["--similarity", "l1"][..], "unknown similarity 'l1'"),
+        (&["--dynamic-alpha", "0.5"][..], "START:END:ROUNDS"),
+    ] {
+        let mut args = small_run(&dir.path().join("bad"), "2", "1");
+        args[0] = "fedcross".into();
+        args.extend(flags.iter().map(|s| s.to_string()));
+        let o = fl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(o.status.code(), Some(1), "{flags:?}");
+        assert!(stderr(&o).contains(expected), "{flags:?}: {}", stderr(&o));
+    }
+}
+
 /// Writes an MNIST-format (IDX) dataset of `n` train and `n / 4` test images, class = row band.
 fn write_idx_fixture(dir: &Path, n: usize) {
     let write = |name: &str, magic: u32, dims: &[u32], payload: &[u8]| {

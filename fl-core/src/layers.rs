@@ -465,6 +465,26 @@ impl ParamTable {
         })
     }
 
+    /// A copy of `self` whose [`ParamKind::Buffer`] tensors (BatchNorm statistics) are taken
+    /// from `other`: used to aggregate only trainable parameters.
+    pub fn with_buffers_from(&self, other: &Self) -> Result<Self, LayerError> {
+        self.check_same(other)?;
+        let values = self
+            .values
+            .iter()
+            .zip(&other.values)
+            .zip(&self.layout.tensors)
+            .map(|((mine, theirs), info)| match info.kind {
+                ParamKind::Buffer => theirs.clone(),
+                ParamKind::Trainable => mine.clone(),
+            })
+            .collect();
+        Ok(Self {
+            layout: self.layout.clone(),
+            values,
+        })
+    }
+
     /// Applies `f` to every tensor whose kind is `kind`; other tensors are kept as they are.
     pub fn map_kind(&self, kind: ParamKind, f: impl Fn(Tensor<1>) -> Tensor<1>) -> Self {
         let values = self
@@ -508,6 +528,12 @@ impl ParamTable {
             }
         }
         Ok(layers)
+    }
+
+    /// `(x·y, ‖x‖, ‖y‖)` of the two models as flat vectors (all tensors, buffers included).
+    pub fn dot_and_norms(&self, other: &Self) -> Result<(f64, f64, f64), LayerError> {
+        let [dot, xx, yy] = sum3(&self.layer_products(other)?);
+        Ok((dot, xx.sqrt(), yy.sqrt()))
     }
 
     /// Cosine similarity of the two models as flat vectors.

@@ -55,8 +55,35 @@ pub fn device() -> Device {
 }
 
 /// A TinyNet with weights drawn from `seed`.
+///
+/// Convolution and linear weights come from a ChaCha RNG seeded with `seed`, not from the
+/// device RNG: that one is shared by the whole process, and tests running in parallel would
+/// race on it. BatchNorm keeps its initial values.
 pub fn tiny(seed: u64) -> TinyNet {
+    use rand::{Rng, SeedableRng};
     let d = device();
-    d.seed(seed);
-    TinyNet::new(&d)
+    let model = TinyNet::new(&d);
+    let table = crate::layers::ParamTable::from_module(&model);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let host: Vec<Vec<f32>> = table
+        .named_host()
+        .expect("host copy")
+        .into_iter()
+        .map(|t| {
+            if t.name.starts_with("bn.") {
+                t.values
+            } else {
+                let bound = 1.0 / (t.values.len() as f32).sqrt().max(1.0) + 0.1;
+                t.values
+                    .iter()
+                    .map(|_| rng.random_range(-bound..bound))
+                    .collect()
+            }
+        })
+        .collect();
+    table
+        .from_host(host, &d)
+        .expect("same layout")
+        .load_into(model)
+        .expect("same model")
 }

@@ -1,12 +1,14 @@
 //! Server strategies: which model each sampled client gets, and what the server does with the
 //! uploads. A strategy never trains and never touches files; it speaks in [`ParamTable`]s.
 //!
-//! One algorithm, one file: [`fedavg`], [`fedmr`].
+//! One algorithm, one file: [`fedavg`], [`fedmr`], [`fedcross`].
 
 pub mod fedavg;
+pub mod fedcross;
 pub mod fedmr;
 
 pub use fedavg::FedAvg;
+pub use fedcross::{FedCross, FedCrossConfig};
 pub use fedmr::{FedMr, FedMrConfig};
 
 use rand_chacha::ChaCha8Rng;
