@@ -69,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let fedmr = FedMr::new(FedMrConfig {
         granularity: Granularity::Layer,
-        first_stage: 0,
+        ..Default::default()
     });
     let strategies: Vec<Box<dyn Strategy>> = vec![Box::new(FedAvg::weighted()), Box::new(fedmr)];
     for mut strategy in strategies {

@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use fl_core::strategy::FedCrossConfig;
+use fl_core::secure::SecureExchange;
+use fl_core::strategy::{FedCrossConfig, FedMrConfig};
 use fl_core::{EngineConfig, TrainConfig};
 use fl_data::{DatasetKind, PartitionScheme};
 use fl_models::ModelKind;
@@ -203,6 +204,44 @@ macro_rules! override_fields {
     };
 }
 
+/// FedMR's flags (override the same fields of `--config`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct FedMrArgs {
+    /// Unit shuffled across models: tensor (authors' code), layer (paper), block, segments.
+    #[arg(long)]
+    pub granularity: Option<String>,
+    /// With `--granularity segments`: fraction of layers per segment (FedMR-px ablation;
+    /// 1.0 = whole models, i.e. FedIndep).
+    #[arg(long, value_name = "X")]
+    pub segment_fraction: Option<f64>,
+    /// Aggregate the first R rounds with FedAvg, then recombine (paper: 100 for ResNet/VGG).
+    #[arg(long, value_name = "R")]
+    pub first_stage: Option<usize>,
+    /// Secure recombination: clients exchange HPKE-encrypted layers before upload.
+    #[arg(long)]
+    pub secure: bool,
+    /// Exchange passes per round with `--secure`.
+    #[arg(long, value_name = "N")]
+    pub secure_passes: Option<usize>,
+}
+
+impl FedMrArgs {
+    /// Writes the given flags into `cfg`.
+    pub fn apply(&self, cfg: &mut RunConfig) {
+        override_fields!(
+            cfg,
+            self,
+            granularity,
+            segment_fraction,
+            first_stage,
+            secure_passes
+        );
+        if self.secure {
+            cfg.secure = true;
+        }
+    }
+}
+
 /// FedCross's flags (override the same fields of `--config`).
 #[derive(Debug, Clone, Default, Args)]
 pub struct FedCrossArgs {
@@ -373,6 +412,20 @@ impl RunConfig {
             .validate()
             .map_err(|e| anyhow::anyhow!("--cross-alpha / --dynamic-alpha: {e}"))?;
         Ok(config)
+    }
+
+    /// FedMR's settings, checked.
+    pub fn fedmr(&self) -> anyhow::Result<FedMrConfig> {
+        if self.secure && self.secure_passes == 0 {
+            bail!("--secure-passes must be at least 1");
+        }
+        Ok(FedMrConfig {
+            granularity: self.granularity()?,
+            first_stage: self.first_stage,
+            secure: self.secure.then_some(SecureExchange {
+                passes: self.secure_passes,
+            }),
+        })
     }
 
     /// The engine settings.

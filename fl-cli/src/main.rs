@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use config::{FedCrossArgs, RunArgs};
+use config::{FedCrossArgs, FedMrArgs, RunArgs};
 
 /// Federated-learning simulations (FedAvg, ...) on Burn, reproducible from a seed.
 #[derive(Debug, Parser)]
@@ -32,15 +32,8 @@ enum Command {
     Fedmr {
         #[command(flatten)]
         args: Box<RunArgs>,
-        /// Unit shuffled across models: tensor (authors' code), layer (paper), block, segments.
-        #[arg(long)]
-        granularity: Option<String>,
-        /// With `--granularity segments`: fraction of layers per segment (FedMR-px ablation).
-        #[arg(long)]
-        segment_fraction: Option<f64>,
-        /// Aggregate the first R rounds with FedAvg, then recombine (paper: 100 for ResNet/VGG).
-        #[arg(long, value_name = "R")]
-        first_stage: Option<usize>,
+        #[command(flatten)]
+        fedmr: FedMrArgs,
     },
     /// FedCross (Hu et al. 2024): K models, each fused with a collaborative partner every round.
     Fedcross {
@@ -74,12 +67,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Fedavg { args, unweighted } => run::fedavg(&args, unweighted),
-        Command::Fedmr {
-            args,
-            granularity,
-            segment_fraction,
-            first_stage,
-        } => run::fedmr(&args, granularity, segment_fraction, first_stage),
+        Command::Fedmr { args, fedmr } => run::fedmr(&args, &fedmr),
         Command::Fedcross { args, cross } => run::fedcross(&args, &cross),
         Command::Fedindep { args } => run::fedindep(&args),
         Command::Models { dataset } => run::list_models(&dataset),

@@ -7,14 +7,14 @@ use anyhow::{Context, bail};
 use burn::module::Module;
 use burn::tensor::Device;
 use fl_core::rng::{Purpose, derive_seed};
-use fl_core::strategy::{FedCross, FedMr, FedMrConfig, Strategy};
+use fl_core::strategy::{FedCross, FedMr, Strategy};
 use fl_core::{Classifier, FedAvg, RoundMetrics, Simulation};
 use fl_data::{FederatedDataset, Partition, load_dataset};
 use fl_models::{CnnConfig, CnnFedAvgConfig, ModelKind};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend;
-use crate::config::{FedCrossArgs, RunArgs, RunConfig};
+use crate::config::{FedCrossArgs, FedMrArgs, RunArgs, RunConfig};
 
 /// Builds the model `$kind` for images of `$shape` and `$classes` classes on `$device`, binds it
 /// to `$model` and evaluates `$body` (models are distinct types, so each arm is monomorphised).
@@ -93,28 +93,12 @@ pub fn fedavg(args: &RunArgs, unweighted: bool) -> anyhow::Result<()> {
 }
 
 /// `fl fedmr`.
-pub fn fedmr(
-    args: &RunArgs,
-    granularity: Option<String>,
-    segment_fraction: Option<f64>,
-    first_stage: Option<usize>,
-) -> anyhow::Result<()> {
+pub fn fedmr(args: &RunArgs, flags: &FedMrArgs) -> anyhow::Result<()> {
     let (mut cfg, resume) = resolve("fedmr", args)?;
     if !resume {
-        if let Some(g) = granularity {
-            cfg.granularity = g;
-        }
-        if let Some(x) = segment_fraction {
-            cfg.segment_fraction = x;
-        }
-        if let Some(r) = first_stage {
-            cfg.first_stage = r;
-        }
+        flags.apply(&mut cfg);
     }
-    let mut strategy = FedMr::new(FedMrConfig {
-        granularity: cfg.granularity()?,
-        first_stage: cfg.first_stage,
-    });
+    let mut strategy = FedMr::new(cfg.fedmr()?);
     run(&cfg, resume, args.quiet, &mut strategy)
 }
 

@@ -307,6 +307,16 @@ fn fedmr_two_stage_and_fedindep_run_end_to_end() {
         .collect();
     assert_eq!(slots.len(), 3);
 
+    // Secure recombination: same stages, extra bytes reported.
+    let secure = dir.path().join("secure");
+    let mut args = small_run(&secure, "2", "2");
+    args[0] = "fedmr".into();
+    args.push("--secure".into());
+    run_ok(&args);
+    let m = metrics(&secure);
+    assert_eq!(m[1]["stage"], "secure-recombine");
+    assert!(m[1]["secure_exchange_bytes"].as_u64().unwrap() > 0);
+
     let indep = dir.path().join("fedindep");
     let mut args = small_run(&indep, "2", "2");
     args[0] = "fedindep".into();

@@ -6,6 +6,7 @@
 //! - [`trainer`]: local SGD on one client, evaluation.
 //! - [`strategy`]: the [`Strategy`] trait and one file per algorithm ([`FedAvg`], ...).
 //! - [`engine`]: the round loop, parallel clients, metrics, checkpoints.
+//! - [`secure`]: FedMR's encrypted client-to-client layer exchange.
 //! - [`rng`]: seeded randomness independent of thread scheduling.
 
 pub mod checkpoint;
@@ -13,6 +14,7 @@ pub mod engine;
 pub mod layers;
 mod model;
 pub mod rng;
+pub mod secure;
 pub mod strategy;
 pub mod trainer;
 

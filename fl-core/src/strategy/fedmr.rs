@@ -12,7 +12,9 @@
 //! fraction x is the paper's FedMR-p*x* ablation, and fraction 1.0 (whole models re-dispatched,
 //! nothing recombined) is FedIndep. With `first_stage = R` the first R rounds aggregate like
 //! FedAvg (all K models set to the sample-weighted average) — the paper's two-stage training,
-//! used with R = 100 for ResNet-20 and VGG-16.
+//! used with R = 100 for ResNet-20 and VGG-16. With `secure` the clients recombine among
+//! themselves by an encrypted exchange ([`crate::secure`], the paper's Appendix B) and the
+//! server only decrypts the result; the recombination invariants are the same.
 
 use std::time::Instant;
 
@@ -21,6 +23,7 @@ use serde_json::{Map, Value, json};
 
 use super::{FedAvg, Strategy, StrategyError, StrategyState};
 use crate::layers::{Granularity, ParamTable, recombine};
+use crate::secure::{SecureExchange, ServerKeys};
 use crate::trainer::LocalUpdate;
 
 /// Settings of [`FedMr`].
@@ -30,6 +33,8 @@ pub struct FedMrConfig {
     pub granularity: Granularity,
     /// Number of initial rounds aggregated with FedAvg before recombination starts.
     pub first_stage: usize,
+    /// Recombine by the clients' encrypted exchange ([`crate::secure`]) instead of on the server.
+    pub secure: Option<SecureExchange>,
 }
 
 impl Default for FedMrConfig {
@@ -37,6 +42,7 @@ impl Default for FedMrConfig {
         Self {
             granularity: Granularity::Tensor,
             first_stage: 0,
+            secure: None,
         }
     }
 }
@@ -66,6 +72,7 @@ impl FedMr {
             config: FedMrConfig {
                 granularity: Granularity::Segments { fraction: 1.0 },
                 first_stage: 0,
+                secure: None,
             },
             models: Vec::new(),
             name: "fedindep",
@@ -138,15 +145,26 @@ impl Strategy for FedMr {
         let uploads: Vec<ParamTable> = updates.iter().map(|u| u.table.clone()).collect();
         let similarity = mean_pairwise_cosine(&uploads)?;
         let timer = Instant::now();
+        let mut m = Map::new();
         let stage = if self.in_first_stage(round) {
             let avg = FedAvg::average(&updates, true)?;
             self.models = vec![avg; uploads.len()];
             "fedavg"
+        } else if let Some(exchange) = self.config.secure {
+            // A fresh server key per round; the clients recombine, the server only decrypts.
+            let keys = ServerKeys::generate();
+            let outcome = exchange.run(&uploads, self.config.granularity, &keys, rng)?;
+            self.models = outcome.models;
+            m.insert(
+                "secure_exchange_bytes".into(),
+                json!(outcome.exchange_bytes),
+            );
+            m.insert("secure_upload_bytes".into(), json!(outcome.upload_bytes));
+            "secure-recombine"
         } else {
             self.models = recombine(&uploads, self.config.granularity, rng)?.models;
             "recombine"
         };
-        let mut m = Map::new();
         m.insert("stage".into(), json!(stage));
         m.insert("mean_pairwise_cosine".into(), json!(similarity));
         m.insert(
@@ -208,6 +226,7 @@ mod tests {
         let mut s = FedMr::new(FedMrConfig {
             granularity: Granularity::Layer,
             first_stage: 2,
+            secure: None,
         });
         s.init(update(0, 1).table, 3);
         let mut rng = ChaCha8Rng::seed_from_u64(1);
@@ -234,6 +253,33 @@ mod tests {
                 }
             }
             assert!(m["mean_pairwise_cosine"].as_f64().unwrap() <= 1.0 + 1e-9);
+        }
+    }
+
+    #[test]
+    fn secure_recombination_keeps_every_layer_and_counts_its_bytes() {
+        let mut s = FedMr::new(FedMrConfig {
+            granularity: Granularity::Layer,
+            first_stage: 0,
+            secure: Some(SecureExchange { passes: 2 }),
+        });
+        s.init(update(0, 1).table, 3);
+        let ups: Vec<LocalUpdate> = (1..=3).map(|i| update(i, 5)).collect();
+        let m = s
+            .aggregate(1, ups.clone(), &mut ChaCha8Rng::seed_from_u64(4))
+            .unwrap();
+        assert_eq!(m["stage"], "secure-recombine");
+        let payload = 3 * ups[0].table.byte_size() as u64;
+        assert!(m["secure_upload_bytes"].as_u64().unwrap() > payload);
+        assert!(m["secure_exchange_bytes"].as_u64().unwrap() > 0);
+        let models: Vec<_> = s.models().iter().map(host).collect();
+        let up: Vec<_> = ups.iter().map(|u| host(&u.table)).collect();
+        for t in 0..models[0].len() {
+            let mut a: Vec<_> = models.iter().map(|x| x[t].clone()).collect();
+            let mut b: Vec<_> = up.iter().map(|x| x[t].clone()).collect();
+            a.sort_by(|x, y| x.partial_cmp(y).unwrap());
+            b.sort_by(|x, y| x.partial_cmp(y).unwrap());
+            assert_eq!(a, b);
         }
     }
 

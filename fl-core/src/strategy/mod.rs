@@ -22,6 +22,9 @@ pub enum StrategyError {
     /// A table operation failed.
     #[error(transparent)]
     Layer(#[from] LayerError),
+    /// The secure exchange failed.
+    #[error(transparent)]
+    Secure(#[from] crate::secure::SecureError),
     /// A checkpoint does not hold the state this strategy needs.
     #[error("cannot restore strategy state: {0}")]
     Restore(String),
