@@ -71,7 +71,7 @@ pub struct RunConfig {
     pub cross_alpha: f64,
     /// FedCross: partner selection (`in-order`, `lowest`, `highest`).
     pub select: String,
-    /// FedCross: similarity for partner selection (`cosine`, `paper`).
+    /// FedCross: similarity for partner selection (`cosine`, `layer-cosine`, `paper`).
     pub similarity: String,
     /// FedCross: cross-aggregation rounds fused with two in-order propeller partners.
     pub propellers: usize,
@@ -251,7 +251,8 @@ pub struct FedCrossArgs {
     /// Partner selection: lowest (paper's choice), highest similarity, or in-order.
     #[arg(long)]
     pub select: Option<String>,
-    /// Similarity for partner selection: cosine (authors' code) or paper (Eq. 5 as printed).
+    /// Similarity for partner selection: cosine (whole model), layer-cosine (sum of per-layer
+    /// cosines, as the authors' code) or paper (Eq. 5 as printed).
     #[arg(long)]
     pub similarity: Option<String>,
     /// Aggregate the first R rounds with FedAvg, then cross-aggregate.

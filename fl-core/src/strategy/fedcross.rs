@@ -11,10 +11,12 @@
 //!   every other model is visited once every K − 1 rounds;
 //! - lowest / highest similarity: argmin / argmax over j ≠ i of sim(vᵢ, vⱼ) (ties: lowest j).
 //!
-//! Similarity ([`SimilarityMeasure`]): `Cosine` (default) is x·y / (‖x‖·‖y‖), which is what the
-//! authors' code computes; `Paper` is Eq. 5 as printed, x·y / (‖x‖ + ‖y‖). The two rank pairs
-//! differently when norms differ (the paper's form grows with the norms), so they are not
-//! interchangeable. Both run over every tensor of the model, BatchNorm statistics included.
+//! Similarity ([`SimilarityMeasure`]): `Cosine` (default) is x·y / (‖x‖·‖y‖) over the whole
+//! model; `LayerCosine` sums each layer's cosine similarity, which is what the authors' code
+//! actually computes (a sum of cosines over consecutive weight/bias tensor pairs); `Paper` is
+//! Eq. 5 as printed, x·y / (‖x‖ + ‖y‖). The paper's form grows with the norms, so it ranks
+//! pairs differently when norms differ; the two cosine forms differ in how much each layer
+//! counts (by its size, or equally). All run over every tensor, BatchNorm statistics included.
 //!
 //! Training acceleration (§3.2.4; in no public code, built from the paper's text):
 //! - propellers: for the first n cross-aggregation rounds each model is fused with **two**
@@ -67,8 +69,11 @@ impl FromStr for PartnerSelection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SimilarityMeasure {
-    /// x·y / (‖x‖·‖y‖), as the authors' code computes.
+    /// x·y / (‖x‖·‖y‖) over the whole model.
     Cosine,
+    /// Sum over layers of each layer's cosine similarity: what the authors' code computes
+    /// (it sums cosines of consecutive weight/bias pairs).
+    LayerCosine,
     /// x·y / (‖x‖ + ‖y‖), the paper's Eq. 5 as printed.
     Paper,
 }
@@ -78,8 +83,11 @@ impl FromStr for SimilarityMeasure {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "cosine" => Ok(Self::Cosine),
+            "layer-cosine" => Ok(Self::LayerCosine),
             "paper" => Ok(Self::Paper),
-            _ => Err(format!("unknown similarity '{s}' (known: cosine, paper)")),
+            _ => Err(format!(
+                "unknown similarity '{s}' (known: cosine, layer-cosine, paper)"
+            )),
         }
     }
 }
@@ -273,6 +281,10 @@ impl FedCross {
                 let cosine = dot / (ni * nj).max(f64::MIN_POSITIVE);
                 let s = match self.config.similarity {
                     SimilarityMeasure::Cosine => cosine,
+                    SimilarityMeasure::LayerCosine => uploads[i]
+                        .layer_cosine_similarity(&uploads[j])?
+                        .iter()
+                        .sum(),
                     SimilarityMeasure::Paper => dot / (ni + nj).max(f64::MIN_POSITIVE),
                 };
                 sim[i][j] = s;
@@ -609,6 +621,47 @@ mod tests {
             host(&a.global_model().unwrap())
         );
         assert!(ma[2]["partners"].as_array().unwrap().len() == 3);
+    }
+
+    #[test]
+    fn the_three_similarity_measures_follow_their_formulas() {
+        let base = update(1, 1).table;
+        let constant = |c: f32| {
+            let host = base
+                .to_host()
+                .unwrap()
+                .into_iter()
+                .map(|t| vec![c; t.len()])
+                .collect();
+            base.from_host(host, &base.device()).unwrap()
+        };
+        let (a, b) = (constant(1.0), constant(2.0));
+        let n = base.num_elements() as f64;
+        let layers = base.layout().layers().len() as f64;
+        for (measure, expected) in [
+            (SimilarityMeasure::Cosine, 1.0),
+            (SimilarityMeasure::LayerCosine, layers),
+            (
+                SimilarityMeasure::Paper,
+                2.0 * n / (n.sqrt() + 2.0 * n.sqrt()),
+            ),
+        ] {
+            let s = started(
+                FedCrossConfig {
+                    similarity: measure,
+                    ..Default::default()
+                },
+                2,
+            );
+            let (sim, mean_cos) = s.similarities(&[a.clone(), b.clone()]).unwrap();
+            assert!(
+                (sim[0][1] - expected).abs() < 1e-4 * expected,
+                "{measure:?}: {}",
+                sim[0][1]
+            );
+            assert_eq!(sim[0][1], sim[1][0]);
+            assert!((mean_cos - 1.0).abs() < 1e-6);
+        }
     }
 
     #[test]
