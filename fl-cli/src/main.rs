@@ -2,8 +2,11 @@
 
 mod backend;
 mod config;
+mod plot;
+mod report;
 mod run;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -47,12 +50,45 @@ enum Command {
         #[command(flatten)]
         args: Box<RunArgs>,
     },
+    /// Plot test accuracy (or loss) against rounds for runs; a directory of runs (one per seed)
+    /// is drawn as its mean with a ±1 std band.
+    Plot {
+        /// Run directories (or directories of runs).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Output file: .png or .svg.
+        #[arg(short, long, default_value = "curves.png")]
+        out: PathBuf,
+        /// What to plot.
+        #[arg(long, value_enum, default_value = "accuracy")]
+        metric: report::Metric,
+        /// Title above the plot.
+        #[arg(long, default_value = "")]
+        title: String,
+    },
+    /// A paper-style table of runs: final and best accuracy (mean ± std over seeds), rounds to
+    /// a target accuracy, total communication.
+    Compare {
+        /// Run directories (or directories of runs).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Target accuracy for the rounds-to-target column (0-1).
+        #[arg(long, default_value_t = 0.8)]
+        target: f64,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "markdown")]
+        format: report::TableFormat,
+    },
     /// List the models with their parameter counts and blocks for a dataset.
     Models {
         /// Dataset whose input shape and classes to use.
         #[arg(long, default_value = "fashion-mnist")]
         dataset: String,
     },
+}
+
+fn load_groups(dirs: &[PathBuf]) -> anyhow::Result<Vec<report::RunGroup>> {
+    dirs.iter().map(|d| report::load_group(d)).collect()
 }
 
 fn main() -> ExitCode {
@@ -70,6 +106,19 @@ fn main() -> ExitCode {
         Command::Fedmr { args, fedmr } => run::fedmr(&args, &fedmr),
         Command::Fedcross { args, cross } => run::fedcross(&args, &cross),
         Command::Fedindep { args } => run::fedindep(&args),
+        Command::Plot {
+            runs,
+            out,
+            metric,
+            title,
+        } => load_groups(&runs).and_then(|g| plot::plot(&g, metric, &title, &out)),
+        Command::Compare {
+            runs,
+            target,
+            format,
+        } => load_groups(&runs)
+            .and_then(|g| report::compare_table(&g, target, format))
+            .map(|table| print!("{table}")),
         Command::Models { dataset } => run::list_models(&dataset),
     };
     match result {

@@ -469,3 +469,107 @@ fn mnist_from_a_data_dir_and_corrupt_files() {
         "{err}"
     );
 }
+
+#[test]
+fn plot_and_compare_summarise_seed_groups() {
+    let dir = tmp();
+    let data = dir.path().join("mnist");
+    std::fs::create_dir(&data).unwrap();
+    write_idx_fixture(&data, 400);
+    let run = |algorithm: &str, seed: &str, out: &Path| {
+        let args: Vec<String> = [
+            algorithm,
+            "--dataset",
+            "mnist",
+            "--data-dir",
+            &data.display().to_string(),
+            "--clients",
+            "4",
+            "--sample",
+            "2",
+            "--rounds",
+            "2",
+            "--local-epochs",
+            "1",
+            "--partition",
+            "iid",
+            "--seed",
+            seed,
+            "--quiet",
+            "--out",
+            &out.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        run_ok(&args);
+    };
+    let group = dir.path().join("fedavg-seeds");
+    run("fedavg", "1", &group.join("s1"));
+    run("fedavg", "2", &group.join("s2"));
+    let single = dir.path().join("fedmr-one");
+    run("fedmr", "1", &single);
+    let (g, s) = (group.display().to_string(), single.display().to_string());
+
+    let png = dir.path().join("curves.png");
+    let o = fl(&[
+        "plot",
+        &g,
+        &s,
+        "-o",
+        &png.display().to_string(),
+        "--title",
+        "t",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let img = image::open(&png).expect("a decodable PNG");
+    assert_eq!((img.width(), img.height()), (1000, 600));
+    // Not a blank canvas: the curves and text drew non-white pixels.
+    let rgb = img.to_rgb8();
+    let ink = rgb.pixels().filter(|p| p.0 != [255, 255, 255]).count();
+    assert!(ink > 5_000, "only {ink} non-white pixels");
+    let svg = dir.path().join("loss.svg");
+    let o = fl(&[
+        "plot",
+        &g,
+        "--metric",
+        "loss",
+        "-o",
+        &svg.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+
+    let o = fl(&["compare", &g, &s, "--target", "0.05"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 4, "{table}");
+    assert!(lines[0].starts_with("| run | seeds | rounds |"), "{table}");
+    assert!(lines[2].starts_with("| fedavg-seeds | 2 | 2 | "), "{table}");
+    assert!(lines[2].contains(" ± "), "{table}");
+    assert!(lines[3].starts_with("| fedmr-one | 1 | 2 | "), "{table}");
+    // Every run reached 5% accuracy at the first evaluation.
+    assert!(
+        lines[2].contains("| 1 |") && lines[3].contains("| 1 |"),
+        "{table}"
+    );
+    let o = fl(&["compare", &g, "--format", "csv"]);
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("run,seeds,rounds,"));
+
+    for (args, expected) in [
+        (vec!["plot", &g, "-o", "x.gif"], "must end in .png or .svg"),
+        (
+            vec!["compare", "/nonexistent-runs"],
+            "is not a run directory",
+        ),
+        (
+            vec!["plot", &data.display().to_string()],
+            "has no metrics.jsonl",
+        ),
+    ] {
+        let o = fl(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&o).contains(expected), "{args:?}: {}", stderr(&o));
+    }
+}

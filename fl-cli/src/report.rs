@@ -1,0 +1,282 @@
+//! Reading finished runs back for `fl plot` and `fl compare`.
+//!
+//! A run directory holds `metrics.jsonl`; a directory whose subfolders are runs (e.g. one per
+//! seed) is a group, summarised as mean ± standard deviation across its runs.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use fl_core::RoundMetrics;
+use fl_core::engine::{files, read_metrics};
+
+/// One curve or table row: a run, or several runs (seeds) of one setting.
+#[derive(Debug, Clone)]
+pub struct RunGroup {
+    /// Legend / row label (the directory name).
+    pub label: String,
+    /// Metrics of each run, in directory order.
+    pub runs: Vec<Vec<RoundMetrics>>,
+}
+
+/// Loads `dir` as a run, or as a group of the runs in its subfolders.
+pub fn load_group(dir: &Path) -> anyhow::Result<RunGroup> {
+    let label = dir
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| dir.display().to_string());
+    let read = |d: &Path| {
+        read_metrics(&d.join(files::METRICS), usize::MAX)
+            .with_context(|| format!("reading {}", d.join(files::METRICS).display()))
+    };
+    if dir.join(files::METRICS).is_file() {
+        let runs = vec![read(dir)?];
+        return Ok(RunGroup { label, runs });
+    }
+    let entries = std::fs::read_dir(dir)
+        .with_context(|| format!("{} is not a run directory", dir.display()))?;
+    let mut subdirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join(files::METRICS).is_file())
+        .collect();
+    subdirs.sort();
+    if subdirs.is_empty() {
+        bail!(
+            "{} has no {} (nor do its subfolders)",
+            dir.display(),
+            files::METRICS
+        );
+    }
+    let runs = subdirs
+        .iter()
+        .map(|d| read(d))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(RunGroup { label, runs })
+}
+
+/// Mean and (sample) standard deviation.
+pub fn mean_std(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 {
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// A per-round metric that can be plotted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Metric {
+    /// Test accuracy (in %).
+    Accuracy,
+    /// Test loss.
+    Loss,
+}
+
+impl Metric {
+    /// Axis label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Accuracy => "test accuracy (%)",
+            Self::Loss => "test loss",
+        }
+    }
+
+    fn of(self, m: &RoundMetrics) -> Option<f64> {
+        match self {
+            Self::Accuracy => m.test_acc.map(|a| 100.0 * a),
+            Self::Loss => m.test_loss,
+        }
+    }
+}
+
+/// `(round, mean, std)` over the rounds every run of the group evaluated.
+pub fn curve(group: &RunGroup, metric: Metric) -> Vec<(usize, f64, f64)> {
+    let first = &group.runs[0];
+    first
+        .iter()
+        .filter_map(|m| {
+            let values: Option<Vec<f64>> = group
+                .runs
+                .iter()
+                .map(|run| {
+                    run.iter()
+                        .find(|x| x.round == m.round)
+                        .and_then(|x| metric.of(x))
+                })
+                .collect();
+            let values = values?;
+            let (mean, std) = mean_std(&values);
+            Some((m.round, mean, std))
+        })
+        .collect()
+}
+
+/// Summary numbers of one run.
+struct RunSummary {
+    final_acc: f64,
+    best_acc: f64,
+    rounds_to_target: Option<usize>,
+    megabytes: f64,
+    rounds: usize,
+}
+
+fn summarise(run: &[RoundMetrics], target: f64) -> Option<RunSummary> {
+    let evaluated: Vec<(usize, f64)> = run
+        .iter()
+        .filter_map(|m| m.test_acc.map(|a| (m.round, a)))
+        .collect();
+    let &(_, final_acc) = evaluated.last()?;
+    Some(RunSummary {
+        final_acc,
+        best_acc: evaluated.iter().map(|x| x.1).fold(f64::MIN, f64::max),
+        rounds_to_target: evaluated.iter().find(|x| x.1 >= target).map(|x| x.0),
+        megabytes: run
+            .iter()
+            .map(|m| (m.bytes_down + m.bytes_up) as f64)
+            .sum::<f64>()
+            / 1e6,
+        rounds: run.last().map_or(0, |m| m.round),
+    })
+}
+
+/// Output format of `fl compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TableFormat {
+    /// A Markdown table.
+    Markdown,
+    /// Comma-separated values with a header row.
+    Csv,
+}
+
+/// The `fl compare` table: one row per group.
+pub fn compare_table(
+    groups: &[RunGroup],
+    target: f64,
+    format: TableFormat,
+) -> anyhow::Result<String> {
+    let header = [
+        "run".to_string(),
+        "seeds".into(),
+        "rounds".into(),
+        "final acc (%)".into(),
+        "best acc (%)".into(),
+        format!("rounds to {:.0}%", 100.0 * target),
+        "total MB".into(),
+    ];
+    let mut rows = vec![header.to_vec()];
+    for g in groups {
+        let summaries: Vec<RunSummary> = g
+            .runs
+            .iter()
+            .map(|r| summarise(r, target))
+            .collect::<Option<_>>()
+            .with_context(|| format!("{}: a run has no evaluated round", g.label))?;
+        let pm = |xs: Vec<f64>, scale: f64| {
+            let (m, s) = mean_std(&xs);
+            if xs.len() > 1 {
+                format!("{:.2} ± {:.2}", scale * m, scale * s)
+            } else {
+                format!("{:.2}", scale * m)
+            }
+        };
+        let reached: Vec<f64> = summaries
+            .iter()
+            .filter_map(|s| s.rounds_to_target.map(|r| r as f64))
+            .collect();
+        let to_target = if reached.len() == summaries.len() {
+            let (m, _) = mean_std(&reached);
+            format!("{m:.0}")
+        } else {
+            format!("not reached ({}/{})", reached.len(), summaries.len())
+        };
+        rows.push(vec![
+            g.label.clone(),
+            summaries.len().to_string(),
+            summaries
+                .iter()
+                .map(|s| s.rounds)
+                .max()
+                .unwrap_or(0)
+                .to_string(),
+            pm(summaries.iter().map(|s| s.final_acc).collect(), 100.0),
+            pm(summaries.iter().map(|s| s.best_acc).collect(), 100.0),
+            to_target,
+            pm(summaries.iter().map(|s| s.megabytes).collect(), 1.0),
+        ]);
+    }
+    Ok(match format {
+        TableFormat::Csv => rows
+            .iter()
+            .map(|r| {
+                r.iter()
+                    .map(|c| c.replace(" ± ", "+-"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+                    + "\n"
+            })
+            .collect(),
+        TableFormat::Markdown => {
+            let mut out = String::new();
+            for (i, r) in rows.iter().enumerate() {
+                out += &format!("| {} |\n", r.join(" | "));
+                if i == 0 {
+                    out += &format!("|{}\n", "---|".repeat(r.len()));
+                }
+            }
+            out
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(r: usize, acc: Option<f64>) -> RoundMetrics {
+        RoundMetrics {
+            round: r,
+            test_acc: acc,
+            test_loss: acc.map(|a| 1.0 - a),
+            train_loss: 1.0,
+            clients: vec![0],
+            bytes_down: 500_000,
+            bytes_up: 500_000,
+            train_seconds: 0.0,
+            aggregate_seconds: 0.0,
+            eval_seconds: 0.0,
+            extra: Default::default(),
+        }
+    }
+
+    #[test]
+    fn groups_average_across_seeds_and_tables_report_targets() {
+        let g = RunGroup {
+            label: "fedx".into(),
+            runs: vec![
+                vec![round(1, Some(0.5)), round(2, None), round(3, Some(0.9))],
+                vec![round(1, Some(0.7)), round(2, None), round(3, Some(0.7))],
+            ],
+        };
+        let c = curve(&g, Metric::Accuracy);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0].0, 1);
+        assert!((c[0].1 - 60.0).abs() < 1e-9);
+        assert!((c[0].2 - 200f64.sqrt()).abs() < 1e-9);
+        let md = compare_table(std::slice::from_ref(&g), 0.8, TableFormat::Markdown).unwrap();
+        let lines: Vec<&str> = md.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].contains("rounds to 80%"));
+        assert_eq!(
+            lines[2],
+            "| fedx | 2 | 3 | 80.00 ± 14.14 | 80.00 ± 14.14 | not reached (1/2) | 3.00 |"
+        );
+        let csv = compare_table(&[g], 0.5, TableFormat::Csv).unwrap();
+        assert_eq!(
+            csv.lines().nth(1).unwrap(),
+            "fedx,2,3,80.00+-14.14,80.00+-14.14,1,3.00"
+        );
+    }
+}
