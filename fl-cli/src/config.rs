@@ -196,6 +196,10 @@ pub struct RunArgs {
     /// No progress bar or summary (also automatic when stdout is not a terminal).
     #[arg(long)]
     pub quiet: bool,
+    /// Run once per seed (comma-separated), each into OUT/sSEED; `fl plot` and `fl compare`
+    /// summarise OUT as mean ± std.
+    #[arg(long, value_delimiter = ',', value_name = "SEED,...", conflicts_with_all = ["seed", "resume"])]
+    pub seeds: Option<Vec<u64>>,
 }
 
 macro_rules! override_fields {
@@ -489,5 +493,27 @@ mod tests {
             ..Default::default()
         };
         assert!(cfg.partition_scheme().is_err());
+    }
+
+    #[test]
+    fn every_shipped_config_parses_and_names_an_algorithm() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut count = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let cfg = RunConfig::from_file(&path).unwrap();
+                assert!(
+                    ["fedavg", "fedmr", "fedcross", "fedindep"].contains(&cfg.algorithm.as_str()),
+                    "{}",
+                    path.display()
+                );
+                cfg.partition_scheme().unwrap();
+                cfg.fedmr().unwrap();
+                cfg.fedcross().unwrap();
+                count += 1;
+            }
+        }
+        assert!(count >= 7);
     }
 }

@@ -23,6 +23,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the algorithm and settings of a TOML config file (e.g. one from `configs/`);
+    /// flags override the file.
+    Run {
+        /// The config file.
+        file: PathBuf,
+        #[command(flatten)]
+        args: Box<RunArgs>,
+    },
     /// FedAvg (McMahan et al. 2017): clients train the global model, the server averages them.
     Fedavg {
         #[command(flatten)]
@@ -102,6 +110,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
+        Command::Run { file, args } => run::from_file(&file, &args),
         Command::Fedavg { args, unweighted } => run::fedavg(&args, unweighted),
         Command::Fedmr { args, fedmr } => run::fedmr(&args, &fedmr),
         Command::Fedcross { args, cross } => run::fedcross(&args, &cross),

@@ -61,6 +61,7 @@ fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)>
         rounds: None,
         resume: None,
         quiet: false,
+        seeds: None,
         ..args.clone()
     };
     if RunConfig::resolve(algorithm, &only_rounds)?
@@ -89,7 +90,7 @@ pub fn fedavg(args: &RunArgs, unweighted: bool) -> anyhow::Result<()> {
     } else {
         FedAvg::unweighted()
     };
-    run(&cfg, resume, args.quiet, &mut strategy)
+    run(&cfg, resume, args, &mut strategy)
 }
 
 /// `fl fedmr`.
@@ -99,7 +100,7 @@ pub fn fedmr(args: &RunArgs, flags: &FedMrArgs) -> anyhow::Result<()> {
         flags.apply(&mut cfg);
     }
     let mut strategy = FedMr::new(cfg.fedmr()?);
-    run(&cfg, resume, args.quiet, &mut strategy)
+    run(&cfg, resume, args, &mut strategy)
 }
 
 /// `fl fedcross`.
@@ -109,17 +110,61 @@ pub fn fedcross(args: &RunArgs, cross: &FedCrossArgs) -> anyhow::Result<()> {
         cross.apply(&mut cfg);
     }
     let mut strategy = FedCross::new(cfg.fedcross()?);
-    run(&cfg, resume, args.quiet, &mut strategy)
+    run(&cfg, resume, args, &mut strategy)
 }
 
 /// `fl fedindep`.
 pub fn fedindep(args: &RunArgs) -> anyhow::Result<()> {
     let (cfg, resume) = resolve("fedindep", args)?;
-    run(&cfg, resume, args.quiet, &mut FedMr::fedindep())
+    run(&cfg, resume, args, &mut FedMr::fedindep())
+}
+
+/// `fl run FILE`: the algorithm named in the config file, with the file's settings.
+pub fn from_file(file: &Path, args: &RunArgs) -> anyhow::Result<()> {
+    let cfg = RunConfig::from_file(file)?;
+    let args = RunArgs {
+        config: Some(file.to_path_buf()),
+        ..args.clone()
+    };
+    match cfg.algorithm.as_str() {
+        "fedavg" => fedavg(&args, false),
+        "fedmr" => fedmr(&args, &FedMrArgs::default()),
+        "fedcross" => fedcross(&args, &FedCrossArgs::default()),
+        "fedindep" => fedindep(&args),
+        other => bail!(
+            "{}: unknown algorithm '{other}' (known: fedavg, fedmr, fedcross, fedindep)",
+            file.display()
+        ),
+    }
+}
+
+/// Runs `strategy` on the configuration, once, or once per seed of `--seeds` (each into its
+/// own `sSEED` folder; the strategy is re-initialised by every run).
+pub fn run(
+    cfg: &RunConfig,
+    resume: bool,
+    args: &RunArgs,
+    strategy: &mut dyn Strategy,
+) -> anyhow::Result<()> {
+    let Some(seeds) = &args.seeds else {
+        return run_one(cfg, resume, args.quiet, strategy);
+    };
+    let base = cfg.out.clone().unwrap_or_else(|| {
+        Path::new("runs").join(format!("{}-{}-{}", cfg.algorithm, cfg.dataset, cfg.model))
+    });
+    for &seed in seeds {
+        let cfg = RunConfig {
+            seed,
+            out: Some(base.join(format!("s{seed}"))),
+            ..cfg.clone()
+        };
+        run_one(&cfg, false, args.quiet, strategy)?;
+    }
+    Ok(())
 }
 
 /// Builds the model named in `cfg` and runs `strategy`.
-pub fn run(
+fn run_one(
     cfg: &RunConfig,
     resume: bool,
     quiet: bool,

@@ -476,7 +476,7 @@ fn plot_and_compare_summarise_seed_groups() {
     let data = dir.path().join("mnist");
     std::fs::create_dir(&data).unwrap();
     write_idx_fixture(&data, 400);
-    let run = |algorithm: &str, seed: &str, out: &Path| {
+    let run = |algorithm: &str, seeds: &str, out: &Path| {
         let args: Vec<String> = [
             algorithm,
             "--dataset",
@@ -493,8 +493,8 @@ fn plot_and_compare_summarise_seed_groups() {
             "1",
             "--partition",
             "iid",
-            "--seed",
-            seed,
+            "--seeds",
+            seeds,
             "--quiet",
             "--out",
             &out.display().to_string(),
@@ -504,11 +504,16 @@ fn plot_and_compare_summarise_seed_groups() {
         .collect();
         run_ok(&args);
     };
+    // --seeds runs each seed into its own folder.
     let group = dir.path().join("fedavg-seeds");
-    run("fedavg", "1", &group.join("s1"));
-    run("fedavg", "2", &group.join("s2"));
+    run("fedavg", "1,2", &group);
+    for seed in [1, 2] {
+        let cfg = std::fs::read_to_string(group.join(format!("s{seed}/config.toml"))).unwrap();
+        assert!(cfg.contains(&format!("seed = {seed}")), "{cfg}");
+    }
     let single = dir.path().join("fedmr-one");
     run("fedmr", "1", &single);
+    let single = single.join("s1");
     let (g, s) = (group.display().to_string(), single.display().to_string());
 
     let png = dir.path().join("curves.png");
@@ -548,7 +553,7 @@ fn plot_and_compare_summarise_seed_groups() {
     assert!(lines[0].starts_with("| run | seeds | rounds |"), "{table}");
     assert!(lines[2].starts_with("| fedavg-seeds | 2 | 2 | "), "{table}");
     assert!(lines[2].contains(" ± "), "{table}");
-    assert!(lines[3].starts_with("| fedmr-one | 1 | 2 | "), "{table}");
+    assert!(lines[3].starts_with("| s1 | 1 | 2 | "), "{table}");
     // Every run reached 5% accuracy at the first evaluation.
     assert!(
         lines[2].contains("| 1 |") && lines[3].contains("| 1 |"),
@@ -556,6 +561,25 @@ fn plot_and_compare_summarise_seed_groups() {
     );
     let o = fl(&["compare", &g, "--format", "csv"]);
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("run,seeds,rounds,"));
+
+    // `fl run FILE` takes the algorithm from the file; flags override its fields.
+    let smoke = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/smoke.toml");
+    let from_file = dir.path().join("from-file");
+    let o = fl(&[
+        "run",
+        &smoke.display().to_string(),
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        &data.display().to_string(),
+        "--rounds",
+        "1",
+        "--quiet",
+        "--out",
+        &from_file.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(metrics(&from_file)[0]["stage"], "recombine");
 
     for (args, expected) in [
         (vec!["plot", &g, "-o", "x.gif"], "must end in .png or .svg"),
