@@ -271,12 +271,12 @@ mod tests {
         assert!(lines[0].contains("rounds to 80%"));
         assert_eq!(
             lines[2],
-            "| fedx | 2 | 3 | 80.00 ± 14.14 | 80.00 ± 14.14 | not reached (1/2) | 3.00 |"
+            "| fedx | 2 | 3 | 80.00 ± 14.14 | 80.00 ± 14.14 | not reached (1/2) | 3.00 ± 0.00 |"
         );
         let csv = compare_table(&[g], 0.5, TableFormat::Csv).unwrap();
         assert_eq!(
             csv.lines().nth(1).unwrap(),
-            "fedx,2,3,80.00+-14.14,80.00+-14.14,1,3.00"
+            "fedx,2,3,80.00+-14.14,80.00+-14.14,1,3.00+-0.00"
         );
     }
 }

@@ -173,7 +173,11 @@ fn run_one(
     let quiet = quiet || !std::io::stdout().is_terminal();
     let kind = cfg.dataset_kind()?;
     let model_kind = cfg.model_kind()?;
-    let scheme = cfg.partition_scheme()?;
+    // The natural partition comes with the data (FEMNIST writers); the others are drawn.
+    let scheme = match cfg.partition.as_str() {
+        "natural" => None,
+        _ => Some(cfg.partition_scheme()?),
+    };
     let data = load_dataset(kind, cfg.data_dir.as_deref())?;
     if data.origin == "embedded" {
         eprintln!(
@@ -193,13 +197,16 @@ fn run_one(
             }
             p
         }
-        None => Partition::new(
-            &scheme,
-            data.train.labels(),
-            data.train.num_classes(),
-            cfg.clients,
-            derive_seed(cfg.seed, Purpose::Partition, 0, 0),
-        )?,
+        None => match scheme {
+            None => natural_partition(&data, cfg.clients)?,
+            Some(scheme) => Partition::new(
+                &scheme,
+                data.train.labels(),
+                data.train.num_classes(),
+                cfg.clients,
+                derive_seed(cfg.seed, Purpose::Partition, 0, 0),
+            )?,
+        },
     };
     let device = backend::device();
     eprintln!("backend: {} ({:?})", backend::name(), device);
@@ -278,6 +285,28 @@ fn simulate<M: Classifier>(
         }
     }
     Ok(())
+}
+
+/// The dataset's own split (FEMNIST: one client per writer), limited to the first `clients`.
+fn natural_partition(data: &FederatedDataset, clients: usize) -> anyhow::Result<Partition> {
+    let Some(writers) = &data.natural_clients else {
+        bail!(
+            "--partition natural needs a dataset with its own client split (femnist); {} has none",
+            data.name
+        );
+    };
+    if clients > writers.len() {
+        bail!(
+            "--clients {clients} is more than the {} writers {} has",
+            writers.len(),
+            data.name
+        );
+    }
+    let partition = Partition {
+        clients: writers[..clients].to_vec(),
+    };
+    partition.validate(data.train.len())?;
+    Ok(partition)
 }
 
 fn write_run_files(

@@ -597,3 +597,148 @@ fn plot_and_compare_summarise_seed_groups() {
         assert!(stderr(&o).contains(expected), "{args:?}: {}", stderr(&o));
     }
 }
+
+/// Writes a CIFAR-10 binary fixture (`cifar-10-batches-bin/`): class k images are bright in
+/// channel k mod 3 and dark elsewhere, so the task is learnable.
+fn write_cifar10_fixture(root: &Path, per_batch: usize) {
+    let dir = root.join("cifar-10-batches-bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let files: Vec<String> = (1..=5)
+        .map(|b| format!("data_batch_{b}.bin"))
+        .chain(["test_batch.bin".to_string()])
+        .collect();
+    for f in files {
+        let mut bytes = Vec::new();
+        for i in 0..per_batch {
+            let label = (i % 10) as u8;
+            bytes.push(label);
+            for c in 0..3 {
+                let v = if c == label as usize % 3 {
+                    200
+                } else {
+                    20 + label * 5
+                };
+                bytes.extend(std::iter::repeat_n(v, 1024));
+            }
+        }
+        std::fs::write(dir.join(f), bytes).unwrap();
+    }
+}
+
+/// Writes a LEAF FEMNIST fixture with `writers` writers of `per_writer` samples in each split.
+fn write_femnist_fixture(root: &Path, writers: usize, per_writer: usize) {
+    for split in ["train", "test"] {
+        let dir = root.join("data").join(split);
+        std::fs::create_dir_all(&dir).unwrap();
+        let users: Vec<String> = (0..writers).map(|w| format!("w{w:04}")).collect();
+        let mut user_data = serde_json::Map::new();
+        for (w, u) in users.iter().enumerate() {
+            let y: Vec<usize> = (0..per_writer).map(|s| (w + s) % 62).collect();
+            let x: Vec<Vec<f32>> = y
+                .iter()
+                .map(|&l| {
+                    (0..784)
+                        .map(|p| if p / 28 == l % 28 { 1.0 } else { 0.0 })
+                        .collect()
+                })
+                .collect();
+            user_data.insert(u.clone(), serde_json::json!({ "x": x, "y": y }));
+        }
+        let json = serde_json::json!({ "users": users, "user_data": user_data });
+        std::fs::write(dir.join("all_data_0.json"), json.to_string()).unwrap();
+    }
+}
+
+#[test]
+fn cifar10_and_femnist_run_from_their_native_formats() {
+    let dir = tmp();
+    let cifar = dir.path().join("cifar");
+    write_cifar10_fixture(&cifar, 40);
+    let out = dir.path().join("cifar-run");
+    let o = fl(&[
+        "fedavg",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        &cifar.display().to_string(),
+        "--clients",
+        "4",
+        "--sample",
+        "2",
+        "--rounds",
+        "1",
+        "--local-epochs",
+        "1",
+        "--partition",
+        "iid",
+        "--quiet",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = metrics(&out);
+    // The 3-channel cnn: 62,006 parameters per model, 2 clients each way.
+    assert_eq!(m[0]["bytes_down"], 2 * 62_006 * 4);
+
+    let femnist = dir.path().join("leaf");
+    write_femnist_fixture(&femnist, 6, 5);
+    let run = |clients: &str, partition: &str, out: &Path| {
+        fl(&[
+            "fedmr",
+            "--dataset",
+            "femnist",
+            "--data-dir",
+            &femnist.display().to_string(),
+            "--clients",
+            clients,
+            "--sample",
+            "2",
+            "--rounds",
+            "1",
+            "--local-epochs",
+            "1",
+            "--partition",
+            partition,
+            "--quiet",
+            "--out",
+            &out.display().to_string(),
+        ])
+    };
+    let out = dir.path().join("femnist-run");
+    let o = run("6", "natural", &out);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // One client per writer, 5 samples each; the 62-class cnn has 160,510 parameters.
+    let partition: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("partition.json")).unwrap())
+            .unwrap();
+    let sizes: Vec<usize> = partition["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_array().unwrap().len())
+        .collect();
+    assert_eq!(sizes, vec![5; 6]);
+    assert_eq!(metrics(&out)[0]["bytes_up"], 2 * 160_510 * 4);
+    let o = run("7", "natural", &dir.path().join("too-many"));
+    assert!(
+        stderr(&o).contains("more than the 6 writers"),
+        "{}",
+        stderr(&o)
+    );
+    let o = fl(&[
+        "fedavg",
+        "--partition",
+        "natural",
+        "--rounds",
+        "1",
+        "--quiet",
+        "--out",
+        &dir.path().join("no-natural").display().to_string(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("needs a dataset with its own client split"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -24,6 +24,28 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// Per-channel mean and standard deviation of the pixels (in `[0, 1]` units), for datasets
+    /// without published statistics.
+    pub fn channel_stats(&self) -> Normalization {
+        let plane = self.height * self.width;
+        let (mut mean, mut std) = (Vec::new(), Vec::new());
+        for c in 0..self.channels {
+            let (mut sum, mut sq, mut n) = (0f64, 0f64, 0f64);
+            for image in self.images.chunks_exact(self.channels * plane) {
+                for &p in &image[c * plane..(c + 1) * plane] {
+                    let x = p as f64 / 255.0;
+                    sum += x;
+                    sq += x * x;
+                    n += 1.0;
+                }
+            }
+            let m = sum / n.max(1.0);
+            mean.push(m as f32);
+            std.push(((sq / n.max(1.0) - m * m).max(1e-12)).sqrt() as f32);
+        }
+        Normalization { mean, std }
+    }
+
     /// Builds a dataset, checking that pixel and label counts agree and every label is a class.
     pub fn new(
         images: Vec<u8>,
@@ -139,4 +161,7 @@ pub struct FederatedDataset {
     pub test: Dataset,
     /// Per-channel normalisation used by the trainer and evaluator.
     pub normalization: Normalization,
+    /// The dataset's own client split, if it has one (FEMNIST: one client per writer), as
+    /// training-set indices.
+    pub natural_clients: Option<Vec<Vec<usize>>>,
 }

@@ -30,7 +30,9 @@ pub enum DataError {
         searched: String,
     },
     /// The dataset name is not one this crate knows.
-    #[error("unknown dataset '{0}' (known: fashion-mnist, mnist)")]
+    #[error(
+        "unknown dataset '{0}' (known: fashion-mnist, mnist, cifar10, cifar100, cifar100-coarse, femnist)"
+    )]
     UnknownDataset(String),
     /// A partition request that cannot be satisfied.
     #[error("invalid partition: {0}")]

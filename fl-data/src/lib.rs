@@ -5,11 +5,15 @@
 //! never copies pixels. Normalisation to `f32` happens per batch in the trainer.
 //!
 //! - [`idx`]: MNIST / Fashion-MNIST IDX files, raw or gzip.
+//! - [`cifar`]: CIFAR-10 / CIFAR-100 binary files (fine or coarse labels).
+//! - [`femnist`]: FEMNIST in LEAF's JSON, with its natural one-client-per-writer partition.
 //! - [`source`]: which files to read (`--data-dir`, `$FL_DATA_DIR`, system paths, embedded copy).
 //! - [`partition`]: IID and Dirichlet label partitions with feasibility checks.
 
+pub mod cifar;
 mod dataset;
 mod error;
+pub mod femnist;
 pub mod idx;
 pub mod partition;
 pub mod source;

@@ -1,7 +1,7 @@
 //! Where a dataset's files come from.
 //!
 //! Resolution order: an explicit directory (`--data-dir`), `$FL_DATA_DIR` (the directory itself
-//! or its `<dataset>/` subfolder), known system paths (Debian's `dataset-fashion-mnist` package
+//! or its `<dataset>/` subfolder), the per-user cache `~/.cache/fl/<dataset>`, known system paths (Debian's `dataset-fashion-mnist` package
 //! installs `/usr/share/datasets/fashion-mnist`), and finally — for Fashion-MNIST with the
 //! `embedded` feature — a copy of the 10k test set compiled into this crate.
 
@@ -11,6 +11,8 @@ use std::str::FromStr;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
+use crate::cifar::{CifarVariant, read_cifar};
+use crate::femnist;
 use crate::{DataError, Dataset, FederatedDataset, Normalization, idx};
 
 /// The datasets this crate can read.
@@ -21,6 +23,14 @@ pub enum DatasetKind {
     FashionMnist,
     /// LeCun's MNIST digits (IDX), 28×28 grey, 10 classes.
     Mnist,
+    /// CIFAR-10 (binary distribution), 32×32 colour, 10 classes.
+    Cifar10,
+    /// CIFAR-100 (binary distribution) with its 100 fine labels.
+    Cifar100,
+    /// CIFAR-100 with its 20 coarse labels (what the FedMR/FedCross code trains).
+    Cifar100Coarse,
+    /// FEMNIST (LEAF JSON), 28×28 grey, 62 classes, one client per writer.
+    Femnist,
 }
 
 impl FromStr for DatasetKind {
@@ -29,6 +39,10 @@ impl FromStr for DatasetKind {
         match s.to_ascii_lowercase().as_str() {
             "fashion-mnist" | "fashion_mnist" | "fmnist" => Ok(Self::FashionMnist),
             "mnist" => Ok(Self::Mnist),
+            "cifar10" | "cifar-10" => Ok(Self::Cifar10),
+            "cifar100" | "cifar-100" => Ok(Self::Cifar100),
+            "cifar100-coarse" | "cifar-100-coarse" => Ok(Self::Cifar100Coarse),
+            "femnist" => Ok(Self::Femnist),
             _ => Err(DataError::UnknownDataset(s.to_string())),
         }
     }
@@ -46,33 +60,164 @@ impl DatasetKind {
         match self {
             Self::FashionMnist => "fashion-mnist",
             Self::Mnist => "mnist",
+            Self::Cifar10 => "cifar10",
+            Self::Cifar100 => "cifar100",
+            Self::Cifar100Coarse => "cifar100-coarse",
+            Self::Femnist => "femnist",
+        }
+    }
+
+    /// Every dataset, for listings and error messages.
+    pub fn all() -> &'static [DatasetKind] {
+        &[
+            Self::FashionMnist,
+            Self::Mnist,
+            Self::Cifar10,
+            Self::Cifar100,
+            Self::Cifar100Coarse,
+            Self::Femnist,
+        ]
+    }
+
+    /// The CIFAR variant, for the CIFAR datasets.
+    pub fn cifar(self) -> Option<CifarVariant> {
+        match self {
+            Self::Cifar10 => Some(CifarVariant::Cifar10),
+            Self::Cifar100 => Some(CifarVariant::Cifar100Fine),
+            Self::Cifar100Coarse => Some(CifarVariant::Cifar100Coarse),
+            _ => None,
         }
     }
 
     /// Number of classes.
     pub fn num_classes(self) -> usize {
-        10
+        match self {
+            Self::Femnist => femnist::CLASSES,
+            _ => self.cifar().map_or(10, CifarVariant::num_classes),
+        }
     }
 
     /// Image shape `[channels, height, width]`.
     pub fn image_shape(self) -> [usize; 3] {
-        [1, 28, 28]
+        if self.cifar().is_some() {
+            [3, 32, 32]
+        } else {
+            [1, 28, 28]
+        }
     }
 
     /// The per-channel normalisation used for this dataset (the usual training-set statistics).
     pub fn normalization(self) -> Normalization {
-        let (mean, std) = match self {
-            Self::FashionMnist => (0.2860, 0.3530),
-            Self::Mnist => (0.1307, 0.3081),
+        let (mean, std): (&[f32], &[f32]) = match self {
+            Self::FashionMnist => (&[0.2860], &[0.3530]),
+            Self::Mnist => (&[0.1307], &[0.3081]),
+            // The statistics the FedMR/FedCross code normalises CIFAR with.
+            Self::Cifar10 => (&[0.4914, 0.4822, 0.4465], &[0.2023, 0.1994, 0.2010]),
+            Self::Cifar100 | Self::Cifar100Coarse => {
+                (&[0.5071, 0.4865, 0.4409], &[0.2673, 0.2564, 0.2762])
+            }
+            // No published statistics: FEMNIST is normalised by its training set's own
+            // (computed when it is loaded; these are placeholders never used for training).
+            Self::Femnist => (&[0.5], &[0.5]),
         };
         Normalization {
-            mean: vec![mean],
-            std: vec![std],
+            mean: mean.to_vec(),
+            std: std.to_vec(),
         }
     }
 
-    fn system_dirs(self) -> Vec<PathBuf> {
-        vec![PathBuf::from("/usr/share/datasets").join(self.name())]
+    /// Places searched after `--data-dir` and `$FL_DATA_DIR`: the per-user cache
+    /// (`$XDG_CACHE_HOME/fl/<name>` or `~/.cache/fl/<name>`) and system paths.
+    pub fn default_dirs(self) -> Vec<PathBuf> {
+        let mut dirs = Vec::new();
+        let cache = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+        if let Some(cache) = cache {
+            dirs.push(cache.join("fl").join(self.name()));
+        }
+        dirs.push(PathBuf::from("/usr/share/datasets").join(self.name()));
+        if self == Self::Cifar100Coarse {
+            // The coarse labels live in the same files as the fine ones.
+            dirs.push(PathBuf::from("/usr/share/datasets").join(Self::Cifar100.name()));
+        }
+        dirs
+    }
+
+    /// The directory under `dir` (itself or a known subfolder) holding this dataset's files.
+    fn locate(self, dir: &Path) -> Option<PathBuf> {
+        if self == Self::Femnist {
+            return femnist::locate(dir);
+        }
+        match self.cifar() {
+            Some(v) => v.locate(dir),
+            None => has_idx_files(dir).then(|| dir.to_path_buf()),
+        }
+    }
+
+    /// Reads the dataset from a directory returned by `locate`.
+    fn read(self, dir: &Path) -> Result<FederatedDataset, DataError> {
+        if self == Self::Femnist {
+            let (train, test, writers) = femnist::read_femnist(dir)?;
+            return Ok(FederatedDataset {
+                name: self.name().into(),
+                origin: dir.display().to_string(),
+                normalization: train.channel_stats(),
+                train,
+                test,
+                natural_clients: Some(writers),
+            });
+        }
+        let Some(variant) = self.cifar() else {
+            return read_idx_dir(self, dir);
+        };
+        let (train, test) = read_cifar(dir, variant)?;
+        Ok(FederatedDataset {
+            name: self.name().into(),
+            origin: dir.display().to_string(),
+            train,
+            test,
+            normalization: self.normalization(),
+            natural_clients: None,
+        })
+    }
+
+    /// The error for a directory that lacks the files, naming what was expected.
+    fn missing_in(self, dir: &Path) -> DataError {
+        if self == Self::Femnist {
+            return DataError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no LEAF FEMNIST JSON files in train/ and test/ (here or under data/)",
+                ),
+            };
+        }
+        let Some(variant) = self.cifar() else {
+            // Reading the IDX directory anyway names the first missing file.
+            return match read_idx_dir(self, dir) {
+                Err(e) => e,
+                Ok(_) => DataError::corrupt(dir, "unexpected: IDX files appeared"),
+            };
+        };
+        let (train, test) = variant.files();
+        DataError::Io {
+            path: dir.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "no {} binary files ({}) here or in {}/",
+                    self.name(),
+                    train
+                        .iter()
+                        .chain(&test)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    variant.folder()
+                ),
+            ),
+        }
     }
 }
 
@@ -113,6 +258,7 @@ fn read_idx_dir(kind: DatasetKind, dir: &Path) -> Result<FederatedDataset, DataE
         train,
         test,
         normalization: kind.normalization(),
+        natural_clients: None,
     })
 }
 
@@ -141,6 +287,7 @@ pub fn embedded_fashion_mnist() -> Result<FederatedDataset, DataError> {
         train: all.subset(train),
         test: all.subset(test),
         normalization: DatasetKind::FashionMnist.normalization(),
+        natural_clients: None,
     })
 }
 
@@ -154,10 +301,9 @@ pub fn load_dataset(
 ) -> Result<FederatedDataset, DataError> {
     if let Some(dir) = data_dir {
         let candidates = [dir.to_path_buf(), dir.join(kind.name())];
-        return match candidates.iter().find(|d| has_idx_files(d)) {
-            Some(d) => read_idx_dir(kind, d),
-            // Read the given directory anyway so the error names the missing file.
-            None => read_idx_dir(kind, dir),
+        return match candidates.iter().find_map(|d| kind.locate(d)) {
+            Some(d) => kind.read(&d),
+            None => Err(kind.missing_in(dir)),
         };
     }
     let mut searched = Vec::new();
@@ -167,10 +313,10 @@ pub fn load_dataset(
         dirs.push(env.join(kind.name()));
         dirs.push(env);
     }
-    dirs.extend(kind.system_dirs());
+    dirs.extend(kind.default_dirs());
     for dir in dirs {
-        if has_idx_files(&dir) {
-            return read_idx_dir(kind, &dir);
+        if let Some(d) = kind.locate(&dir) {
+            return kind.read(&d);
         }
         searched.push(dir.display().to_string());
     }
@@ -237,6 +383,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("train-images-idx3-ubyte"), "{e}");
+    }
+
+    #[test]
+    fn cifar_resolves_from_the_extracted_folder_or_its_parent() {
+        use crate::cifar::tests::write_fixture;
+        let root = tempfile::tempdir().unwrap();
+        let e = load_dataset(DatasetKind::Cifar100Coarse, Some(root.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("train.bin, test.bin") && e.contains("cifar-100-binary"),
+            "{e}"
+        );
+        let dir = root.path().join("cifar-100-binary");
+        std::fs::create_dir(&dir).unwrap();
+        for f in ["train.bin", "test.bin"] {
+            write_fixture(&dir.join(f), 3, &|i| vec![i as u8, 90 + i as u8]);
+        }
+        for given in [root.path(), dir.as_path()] {
+            let d = load_dataset(DatasetKind::Cifar100Coarse, Some(given)).unwrap();
+            assert_eq!(d.name, "cifar100-coarse");
+            assert_eq!(d.train.num_classes(), 20);
+            assert_eq!(d.normalization.mean.len(), 3);
+            let fine = load_dataset(DatasetKind::Cifar100, Some(given)).unwrap();
+            assert_eq!(fine.train.labels(), &[90, 91, 92]);
+        }
+        for kind in DatasetKind::all() {
+            assert_eq!(kind.name().parse::<DatasetKind>().unwrap(), *kind);
+        }
+    }
+
+    #[test]
+    fn femnist_comes_with_its_writers_as_natural_clients() {
+        let root = tempfile::tempdir().unwrap();
+        crate::femnist::tests::write_fixture(root.path(), 2, 3);
+        let d = load_dataset(DatasetKind::Femnist, Some(root.path())).unwrap();
+        assert_eq!(d.train.num_classes(), 62);
+        let writers = d.natural_clients.unwrap();
+        assert_eq!(writers.len(), 4);
+        assert_eq!(writers.iter().map(Vec::len).sum::<usize>(), d.train.len());
+        // Normalised by the training set's own statistics.
+        assert!(d.normalization.mean[0] > 0.0 && d.normalization.std[0] > 0.0);
+        let e = load_dataset(DatasetKind::Femnist, Some(&root.path().join("train")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("LEAF FEMNIST JSON"), "{e}");
     }
 
     /// The real Fashion-MNIST files from Debian's `dataset-fashion-mnist` (installed by CI).
