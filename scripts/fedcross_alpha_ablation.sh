@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FedCross α ablation (the paper's Table 2 at a smaller scale): α ∈ {0.5, 0.9, 0.99, 0.999} ×
 # selection ∈ {in-order, highest, lowest} on full Fashion-MNIST, cnn, 100 clients Dirichlet
-# α=0.1, 10 per round, 1 local epoch, 50 rounds. Writes runs/ablation/<select>-a<alpha>/ and
+# α=0.1, 10 per round, 1 local epoch, 30 rounds. Writes runs/ablation/<select>-a<alpha>/ and
 # prints the `fl compare` table. Usage: scripts/fedcross_alpha_ablation.sh [FL_BINARY]
 set -euo pipefail
 FL=${1:-target/release/fl}
@@ -13,7 +13,7 @@ for select in in-order highest lowest; do
     [ -f "$dir/model.bpk" ] && continue                           # finished
     if [ -f "$dir/checkpoint.safetensors" ]; then "$FL" fedcross --resume "$dir" --quiet; continue; fi
     "$FL" fedcross --select "$select" --cross-alpha "$a" --clients 100 --sample 10 \
-      --rounds 50 --local-epochs 1 --lr 0.01 --momentum 0.5 --partition dirichlet --alpha 0.1 \
+      --rounds 30 --local-epochs 1 --lr 0.01 --momentum 0.5 --partition dirichlet --alpha 0.1 \
       --eval-every 10 --seed 1 --quiet --out "$dir" ${FL_THREADS:+--threads $FL_THREADS}
   done
 done
