@@ -133,7 +133,7 @@ pub struct RunArgs {
     /// extend it).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
-    /// Dataset: fashion-mnist, mnist, cifar10, cifar100, cifar100-coarse.
+    /// Dataset: fashion-mnist, mnist, cifar10, cifar100, cifar100-coarse, femnist, image-folder.
     #[arg(long)]
     pub dataset: Option<String>,
     /// Directory with the dataset files (default: $FL_DATA_DIR, system paths, embedded copy).

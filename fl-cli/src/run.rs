@@ -346,15 +346,15 @@ fn write_run_files(
 /// `fl models`.
 pub fn list_models(dataset: &str) -> anyhow::Result<()> {
     let kind: fl_data::DatasetKind = dataset.parse()?;
+    let (Some(shape), Some(classes)) = (kind.image_shape(), kind.num_classes()) else {
+        bail!("{kind} has no fixed image shape; its size is known once the folder is read");
+    };
     let device: Device = backend::device();
     for &m in ModelKind::all() {
-        let (params, blocks) = with_model!(
-            m,
-            kind.image_shape(),
-            kind.num_classes(),
-            &device,
-            |model| (model.num_params(), model.blocks())
-        );
+        let (params, blocks) = with_model!(m, shape, classes, &device, |model| (
+            model.num_params(),
+            model.blocks()
+        ));
         println!("{:<12} {:>10} parameters", m.name(), params);
         for b in blocks {
             println!(

@@ -6,6 +6,7 @@
 //!
 //! - [`idx`]: MNIST / Fashion-MNIST IDX files, raw or gzip.
 //! - [`cifar`]: CIFAR-10 / CIFAR-100 binary files (fine or coarse labels).
+//! - [`image_folder`]: users' own PNG/JPEG images in class folders.
 //! - [`femnist`]: FEMNIST in LEAF's JSON, with its natural one-client-per-writer partition.
 //! - [`source`]: which files to read (`--data-dir`, `$FL_DATA_DIR`, system paths, embedded copy).
 //! - [`partition`]: IID and Dirichlet label partitions with feasibility checks.
@@ -15,6 +16,7 @@ mod dataset;
 mod error;
 pub mod femnist;
 pub mod idx;
+pub mod image_folder;
 pub mod partition;
 pub mod source;
 

@@ -12,8 +12,8 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
 use crate::cifar::{CifarVariant, read_cifar};
-use crate::femnist;
 use crate::{DataError, Dataset, FederatedDataset, Normalization, idx};
+use crate::{femnist, image_folder};
 
 /// The datasets this crate can read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -31,6 +31,8 @@ pub enum DatasetKind {
     Cifar100Coarse,
     /// FEMNIST (LEAF JSON), 28×28 grey, 62 classes, one client per writer.
     Femnist,
+    /// Your own images in `train/<class>/` and `test/<class>/` folders (`--data-dir`).
+    ImageFolder,
 }
 
 impl FromStr for DatasetKind {
@@ -43,6 +45,7 @@ impl FromStr for DatasetKind {
             "cifar100" | "cifar-100" => Ok(Self::Cifar100),
             "cifar100-coarse" | "cifar-100-coarse" => Ok(Self::Cifar100Coarse),
             "femnist" => Ok(Self::Femnist),
+            "image-folder" | "image_folder" => Ok(Self::ImageFolder),
             _ => Err(DataError::UnknownDataset(s.to_string())),
         }
     }
@@ -64,6 +67,7 @@ impl DatasetKind {
             Self::Cifar100 => "cifar100",
             Self::Cifar100Coarse => "cifar100-coarse",
             Self::Femnist => "femnist",
+            Self::ImageFolder => "image-folder",
         }
     }
 
@@ -76,6 +80,7 @@ impl DatasetKind {
             Self::Cifar100,
             Self::Cifar100Coarse,
             Self::Femnist,
+            Self::ImageFolder,
         ]
     }
 
@@ -89,20 +94,21 @@ impl DatasetKind {
         }
     }
 
-    /// Number of classes.
-    pub fn num_classes(self) -> usize {
+    /// Number of classes (`None` for image folders: known once loaded).
+    pub fn num_classes(self) -> Option<usize> {
         match self {
-            Self::Femnist => femnist::CLASSES,
-            _ => self.cifar().map_or(10, CifarVariant::num_classes),
+            Self::Femnist => Some(femnist::CLASSES),
+            Self::ImageFolder => None,
+            _ => Some(self.cifar().map_or(10, CifarVariant::num_classes)),
         }
     }
 
-    /// Image shape `[channels, height, width]`.
-    pub fn image_shape(self) -> [usize; 3] {
-        if self.cifar().is_some() {
-            [3, 32, 32]
-        } else {
-            [1, 28, 28]
+    /// Image shape `[channels, height, width]` (`None` for image folders: known once loaded).
+    pub fn image_shape(self) -> Option<[usize; 3]> {
+        match self {
+            Self::ImageFolder => None,
+            _ if self.cifar().is_some() => Some([3, 32, 32]),
+            _ => Some([1, 28, 28]),
         }
     }
 
@@ -116,9 +122,9 @@ impl DatasetKind {
             Self::Cifar100 | Self::Cifar100Coarse => {
                 (&[0.5071, 0.4865, 0.4409], &[0.2673, 0.2564, 0.2762])
             }
-            // No published statistics: FEMNIST is normalised by its training set's own
-            // (computed when it is loaded; these are placeholders never used for training).
-            Self::Femnist => (&[0.5], &[0.5]),
+            // No published statistics: FEMNIST and image folders are normalised by their
+            // training set's own (computed when loaded; these placeholders are never used).
+            Self::Femnist | Self::ImageFolder => (&[0.5], &[0.5]),
         };
         Normalization {
             mean: mean.to_vec(),
@@ -146,8 +152,10 @@ impl DatasetKind {
 
     /// The directory under `dir` (itself or a known subfolder) holding this dataset's files.
     fn locate(self, dir: &Path) -> Option<PathBuf> {
-        if self == Self::Femnist {
-            return femnist::locate(dir);
+        match self {
+            Self::Femnist => return femnist::locate(dir),
+            Self::ImageFolder => return image_folder::locate(dir),
+            _ => {}
         }
         match self.cifar() {
             Some(v) => v.locate(dir),
@@ -157,6 +165,17 @@ impl DatasetKind {
 
     /// Reads the dataset from a directory returned by `locate`.
     fn read(self, dir: &Path) -> Result<FederatedDataset, DataError> {
+        if self == Self::ImageFolder {
+            let (train, test, _classes) = image_folder::read_image_folder(dir)?;
+            return Ok(FederatedDataset {
+                name: self.name().into(),
+                origin: dir.display().to_string(),
+                normalization: train.channel_stats(),
+                train,
+                test,
+                natural_clients: None,
+            });
+        }
         if self == Self::Femnist {
             let (train, test, writers) = femnist::read_femnist(dir)?;
             return Ok(FederatedDataset {
@@ -184,6 +203,15 @@ impl DatasetKind {
 
     /// The error for a directory that lacks the files, naming what was expected.
     fn missing_in(self, dir: &Path) -> DataError {
+        if self == Self::ImageFolder {
+            return DataError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "expected train/<class>/*.png|jpg and test/<class>/* folders",
+                ),
+            };
+        }
         if self == Self::Femnist {
             return DataError::Io {
                 path: dir.to_path_buf(),
@@ -249,7 +277,7 @@ fn read_idx_dir(kind: DatasetKind, dir: &Path) -> Result<FederatedDataset, DataE
             ),
         })
     };
-    let c = kind.num_classes();
+    let c = kind.num_classes().unwrap_or(10);
     let train = idx::read_pair(&file(TRAIN_FILES[0])?, &file(TRAIN_FILES[1])?, c)?;
     let test = idx::read_pair(&file(TEST_FILES[0])?, &file(TEST_FILES[1])?, c)?;
     Ok(FederatedDataset {
