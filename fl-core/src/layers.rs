@@ -505,8 +505,10 @@ impl ParamTable {
         }
     }
 
-    /// Per-layer `(Σx·y, ‖x‖², ‖y‖²)` over all tensors, read back in one transfer.
-    fn layer_products(&self, other: &Self) -> Result<Vec<[f64; 3]>, LayerError> {
+    /// Per layer, `[x·y, ‖x‖², ‖y‖²]` of the two models (all tensors, buffers included), read
+    /// back in one transfer: every similarity and distance here derives from these (sum them
+    /// over layers with [`sum_products`] for whole-model values).
+    pub fn layer_products(&self, other: &Self) -> Result<Vec<[f64; 3]>, LayerError> {
         self.check_same(other)?;
         let parts: Vec<Tensor<1>> = self
             .values
@@ -530,15 +532,9 @@ impl ParamTable {
         Ok(layers)
     }
 
-    /// `(x·y, ‖x‖, ‖y‖)` of the two models as flat vectors (all tensors, buffers included).
-    pub fn dot_and_norms(&self, other: &Self) -> Result<(f64, f64, f64), LayerError> {
-        let [dot, xx, yy] = sum3(&self.layer_products(other)?);
-        Ok((dot, xx.sqrt(), yy.sqrt()))
-    }
-
     /// Cosine similarity of the two models as flat vectors.
     pub fn cosine_similarity(&self, other: &Self) -> Result<f64, LayerError> {
-        let [dot, xx, yy] = sum3(&self.layer_products(other)?);
+        let [dot, xx, yy] = sum_products(&self.layer_products(other)?);
         Ok(dot / (xx.sqrt() * yy.sqrt()).max(f64::MIN_POSITIVE))
     }
 
@@ -553,7 +549,7 @@ impl ParamTable {
 
     /// Euclidean distance of the two models as flat vectors.
     pub fn l2_distance(&self, other: &Self) -> Result<f64, LayerError> {
-        let [dot, xx, yy] = sum3(&self.layer_products(other)?);
+        let [dot, xx, yy] = sum_products(&self.layer_products(other)?);
         Ok((xx + yy - 2.0 * dot).max(0.0).sqrt())
     }
 
@@ -665,7 +661,8 @@ impl ParamTable {
     }
 }
 
-fn sum3(layers: &[[f64; 3]]) -> [f64; 3] {
+/// Sums per-layer `[x·y, ‖x‖², ‖y‖²]` (from [`ParamTable::layer_products`]) over layers.
+pub fn sum_products(layers: &[[f64; 3]]) -> [f64; 3] {
     layers.iter().fold([0.0; 3], |acc, l| {
         [acc[0] + l[0], acc[1] + l[1], acc[2] + l[2]]
     })

@@ -112,8 +112,9 @@ impl DatasetKind {
         }
     }
 
-    /// The per-channel normalisation used for this dataset (the usual training-set statistics).
-    pub fn normalization(self) -> Normalization {
+    /// The published per-channel normalisation of this dataset (the usual training-set
+    /// statistics); `None` for datasets normalised by their own training set when loaded.
+    pub fn normalization(self) -> Option<Normalization> {
         let (mean, std): (&[f32], &[f32]) = match self {
             Self::FashionMnist => (&[0.2860], &[0.3530]),
             Self::Mnist => (&[0.1307], &[0.3081]),
@@ -122,14 +123,13 @@ impl DatasetKind {
             Self::Cifar100 | Self::Cifar100Coarse => {
                 (&[0.5071, 0.4865, 0.4409], &[0.2673, 0.2564, 0.2762])
             }
-            // No published statistics: FEMNIST and image folders are normalised by their
-            // training set's own (computed when loaded; these placeholders are never used).
-            Self::Femnist | Self::ImageFolder => (&[0.5], &[0.5]),
+            // No published statistics: normalised by the training set's own.
+            Self::Femnist | Self::ImageFolder => return None,
         };
-        Normalization {
+        Some(Normalization {
             mean: mean.to_vec(),
             std: std.to_vec(),
-        }
+        })
     }
 
     /// Places searched after `--data-dir` and `$FL_DATA_DIR`: the per-user cache
@@ -165,40 +165,48 @@ impl DatasetKind {
 
     /// Reads the dataset from a directory returned by `locate`.
     fn read(self, dir: &Path) -> Result<FederatedDataset, DataError> {
-        if self == Self::ImageFolder {
-            let (train, test, _classes) = image_folder::read_image_folder(dir)?;
-            return Ok(FederatedDataset {
-                name: self.name().into(),
-                origin: dir.display().to_string(),
-                normalization: train.channel_stats(),
-                train,
-                test,
-                natural_clients: None,
-            });
-        }
-        if self == Self::Femnist {
-            let (train, test, writers) = femnist::read_femnist(dir)?;
-            return Ok(FederatedDataset {
-                name: self.name().into(),
-                origin: dir.display().to_string(),
-                normalization: train.channel_stats(),
-                train,
-                test,
-                natural_clients: Some(writers),
-            });
-        }
-        let Some(variant) = self.cifar() else {
-            return read_idx_dir(self, dir);
+        let (train, test, natural_clients) = match self {
+            Self::ImageFolder => {
+                let (train, test, _classes) = image_folder::read_image_folder(dir)?;
+                (train, test, None)
+            }
+            Self::Femnist => {
+                let (train, test, writers) = femnist::read_femnist(dir)?;
+                (train, test, Some(writers))
+            }
+            _ => match self.cifar() {
+                Some(variant) => {
+                    let (train, test) = read_cifar(dir, variant)?;
+                    (train, test, None)
+                }
+                None => {
+                    let (train, test) = read_idx_dir(self, dir)?;
+                    (train, test, None)
+                }
+            },
         };
-        let (train, test) = read_cifar(dir, variant)?;
-        Ok(FederatedDataset {
+        Ok(self.assemble(dir.display().to_string(), train, test, natural_clients))
+    }
+
+    /// A [`FederatedDataset`] of this kind, normalised by the published statistics or, without
+    /// them, by the training set's own.
+    fn assemble(
+        self,
+        origin: String,
+        train: Dataset,
+        test: Dataset,
+        natural_clients: Option<Vec<Vec<usize>>>,
+    ) -> FederatedDataset {
+        FederatedDataset {
             name: self.name().into(),
-            origin: dir.display().to_string(),
+            origin,
+            normalization: self
+                .normalization()
+                .unwrap_or_else(|| train.channel_stats()),
             train,
             test,
-            normalization: self.normalization(),
-            natural_clients: None,
-        })
+            natural_clients,
+        }
     }
 
     /// The error for a directory that lacks the files, naming what was expected.
@@ -267,7 +275,7 @@ fn has_idx_files(dir: &Path) -> bool {
         .all(|f| find_file(dir, f).is_some())
 }
 
-fn read_idx_dir(kind: DatasetKind, dir: &Path) -> Result<FederatedDataset, DataError> {
+fn read_idx_dir(kind: DatasetKind, dir: &Path) -> Result<(Dataset, Dataset), DataError> {
     let file = |name: &str| {
         find_file(dir, name).ok_or_else(|| DataError::Io {
             path: dir.join(name),
@@ -280,14 +288,7 @@ fn read_idx_dir(kind: DatasetKind, dir: &Path) -> Result<FederatedDataset, DataE
     let c = kind.num_classes().unwrap_or(10);
     let train = idx::read_pair(&file(TRAIN_FILES[0])?, &file(TRAIN_FILES[1])?, c)?;
     let test = idx::read_pair(&file(TEST_FILES[0])?, &file(TEST_FILES[1])?, c)?;
-    Ok(FederatedDataset {
-        name: kind.name().into(),
-        origin: dir.display().to_string(),
-        train,
-        test,
-        normalization: kind.normalization(),
-        natural_clients: None,
-    })
+    Ok((train, test))
 }
 
 /// Size of the training part when the embedded 10k test set is split deterministically.
@@ -309,14 +310,12 @@ pub fn embedded_fashion_mnist() -> Result<FederatedDataset, DataError> {
     let mut order: Vec<usize> = (0..all.len()).collect();
     order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(0x00F1_DA7A));
     let (train, test) = order.split_at(EMBEDDED_TRAIN_SIZE);
-    Ok(FederatedDataset {
-        name: DatasetKind::FashionMnist.name().into(),
-        origin: "embedded".into(),
-        train: all.subset(train),
-        test: all.subset(test),
-        normalization: DatasetKind::FashionMnist.normalization(),
-        natural_clients: None,
-    })
+    Ok(DatasetKind::FashionMnist.assemble(
+        "embedded".into(),
+        all.subset(train),
+        all.subset(test),
+        None,
+    ))
 }
 
 /// Loads `kind`, resolving its files as described in the [module docs](self).

@@ -35,8 +35,8 @@ use std::str::FromStr;
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Map, Value, json};
 
-use super::{FedAvg, Strategy, StrategyError, StrategyState};
-use crate::layers::ParamTable;
+use super::{FedAvg, ModelSlots, Strategy, StrategyError, StrategyState};
+use crate::layers::{ParamTable, sum_products};
 use crate::trainer::LocalUpdate;
 
 /// How each model's collaborative partner is chosen.
@@ -201,7 +201,7 @@ pub struct CrossPlan {
 #[derive(Debug, Clone)]
 pub struct FedCross {
     config: FedCrossConfig,
-    models: Vec<ParamTable>,
+    models: ModelSlots,
 }
 
 /// In-order partner of model `i` among `k` in 0-based round `r`.
@@ -217,7 +217,7 @@ impl FedCross {
     pub fn new(config: FedCrossConfig) -> Self {
         Self {
             config,
-            models: Vec::new(),
+            models: ModelSlots::default(),
         }
     }
 
@@ -228,7 +228,7 @@ impl FedCross {
 
     /// The K middleware models.
     pub fn models(&self) -> &[ParamTable] {
-        &self.models
+        self.models.models()
     }
 
     /// Whether `round` (1-based) aggregates with FedAvg.
@@ -277,15 +277,17 @@ impl FedCross {
         let (mut cos_sum, mut pairs) = (0.0, 0usize);
         for i in 0..k {
             for j in i + 1..k {
-                let (dot, ni, nj) = uploads[i].dot_and_norms(&uploads[j])?;
-                let cosine = dot / (ni * nj).max(f64::MIN_POSITIVE);
+                // One host read per pair serves every measure.
+                let layers = uploads[i].layer_products(&uploads[j])?;
+                let cos = |[dot, xx, yy]: [f64; 3]| dot / (xx * yy).sqrt().max(f64::MIN_POSITIVE);
+                let [dot, xx, yy] = sum_products(&layers);
+                let cosine = cos([dot, xx, yy]);
                 let s = match self.config.similarity {
                     SimilarityMeasure::Cosine => cosine,
-                    SimilarityMeasure::LayerCosine => uploads[i]
-                        .layer_cosine_similarity(&uploads[j])?
-                        .iter()
-                        .sum(),
-                    SimilarityMeasure::Paper => dot / (ni + nj).max(f64::MIN_POSITIVE),
+                    SimilarityMeasure::LayerCosine => layers.iter().map(|&l| cos(l)).sum(),
+                    SimilarityMeasure::Paper => {
+                        dot / (xx.sqrt() + yy.sqrt()).max(f64::MIN_POSITIVE)
+                    }
                 };
                 sim[i][j] = s;
                 sim[j][i] = s;
@@ -311,21 +313,18 @@ impl FedCross {
             .iter()
             .zip(&plan.partners)
             .map(|(own, partners)| {
-                if partners.is_empty() {
+                if partners.is_empty() || plan.alpha >= 1.0 {
                     return Ok(own.clone());
                 }
                 let share = (1.0 - plan.alpha) / partners.len() as f64;
-                let mut tables = vec![own.clone()];
-                let mut weights = vec![plan.alpha];
-                for &p in partners {
-                    tables.push(uploads[p].clone());
-                    weights.push(share);
-                }
-                let fused = if plan.alpha >= 1.0 {
-                    own.clone()
-                } else {
-                    ParamTable::average(&tables, Some(&weights))?
-                };
+                let tables: Vec<ParamTable> = std::iter::once(own)
+                    .chain(partners.iter().map(|&p| &uploads[p]))
+                    .cloned()
+                    .collect();
+                let weights: Vec<f64> = std::iter::once(plan.alpha)
+                    .chain(partners.iter().map(|_| share))
+                    .collect();
+                let fused = ParamTable::average(&tables, Some(&weights))?;
                 Ok(if self.config.trainable_only {
                     fused.with_buffers_from(own)?
                 } else {
@@ -356,7 +355,7 @@ impl Strategy for FedCross {
     }
 
     fn init(&mut self, initial: ParamTable, sample: usize) {
-        self.models = vec![initial; sample];
+        self.models.fill(initial, sample);
     }
 
     fn dispatch(
@@ -364,17 +363,7 @@ impl Strategy for FedCross {
         _round: usize,
         clients: &[usize],
     ) -> Result<Vec<ParamTable>, StrategyError> {
-        if self.models.is_empty() {
-            return Err(StrategyError::NotInitialised);
-        }
-        if clients.len() != self.models.len() {
-            return Err(StrategyError::Restore(format!(
-                "FedCross keeps {} models but {} clients were sampled",
-                self.models.len(),
-                clients.len()
-            )));
-        }
-        Ok(self.models.clone())
+        self.models.dispatch("FedCross", clients)
     }
 
     fn aggregate(
@@ -389,12 +378,12 @@ impl Strategy for FedCross {
         m.insert("mean_pairwise_cosine".into(), json!(mean_cosine));
         if self.in_first_stage(round) {
             let avg = FedAvg::average(&updates, true)?;
-            self.models = vec![avg; uploads.len()];
+            self.models.set_all(avg);
             m.insert("stage".into(), json!("fedavg"));
             return Ok(m);
         }
         let plan = self.plan(round, &similarity);
-        self.models = self.fuse(&uploads, &plan)?;
+        self.models.set(self.fuse(&uploads, &plan)?);
         let propellers = plan.partners.iter().any(|p| p.len() > 1);
         m.insert(
             "stage".into(),
@@ -406,29 +395,18 @@ impl Strategy for FedCross {
     }
 
     fn global_model(&self) -> Result<ParamTable, StrategyError> {
-        if self.models.is_empty() {
-            return Err(StrategyError::NotInitialised);
-        }
-        Ok(ParamTable::average(&self.models, None)?)
+        self.models.average()
     }
 
     fn state(&self) -> StrategyState {
         StrategyState {
-            tables: self.models.clone(),
+            tables: self.models.models().to_vec(),
             extra: json!({ "config": self.config }),
         }
     }
 
     fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
-        if state.tables.len() != self.models.len() {
-            return Err(StrategyError::Restore(format!(
-                "FedCross keeps {} models, the checkpoint has {}",
-                self.models.len(),
-                state.tables.len()
-            )));
-        }
-        self.models = state.tables;
-        Ok(())
+        self.models.restore("FedCross", state.tables)
     }
 }
 

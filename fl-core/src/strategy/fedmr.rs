@@ -21,7 +21,7 @@ use std::time::Instant;
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Map, Value, json};
 
-use super::{FedAvg, Strategy, StrategyError, StrategyState};
+use super::{FedAvg, ModelSlots, Strategy, StrategyError, StrategyState};
 use crate::layers::{Granularity, ParamTable, recombine};
 use crate::secure::{SecureExchange, ServerKeys};
 use crate::trainer::LocalUpdate;
@@ -51,7 +51,7 @@ impl Default for FedMrConfig {
 #[derive(Debug, Clone)]
 pub struct FedMr {
     config: FedMrConfig,
-    models: Vec<ParamTable>,
+    models: ModelSlots,
     name: &'static str,
 }
 
@@ -60,7 +60,7 @@ impl FedMr {
     pub fn new(config: FedMrConfig) -> Self {
         Self {
             config,
-            models: Vec::new(),
+            models: ModelSlots::default(),
             name: "fedmr",
         }
     }
@@ -74,7 +74,7 @@ impl FedMr {
                 first_stage: 0,
                 secure: None,
             },
-            models: Vec::new(),
+            models: ModelSlots::default(),
             name: "fedindep",
         }
     }
@@ -86,7 +86,7 @@ impl FedMr {
 
     /// The K intermediate models.
     pub fn models(&self) -> &[ParamTable] {
-        &self.models
+        self.models.models()
     }
 
     /// Whether `round` (1-based) aggregates with FedAvg instead of recombining.
@@ -115,7 +115,7 @@ impl Strategy for FedMr {
 
     fn init(&mut self, initial: ParamTable, sample: usize) {
         // All K models start from one initial model, as in the authors' code.
-        self.models = vec![initial; sample];
+        self.models.fill(initial, sample);
     }
 
     fn dispatch(
@@ -123,17 +123,7 @@ impl Strategy for FedMr {
         _round: usize,
         clients: &[usize],
     ) -> Result<Vec<ParamTable>, StrategyError> {
-        if self.models.is_empty() {
-            return Err(StrategyError::NotInitialised);
-        }
-        if clients.len() != self.models.len() {
-            return Err(StrategyError::Restore(format!(
-                "FedMR keeps {} models but {} clients were sampled",
-                self.models.len(),
-                clients.len()
-            )));
-        }
-        Ok(self.models.clone())
+        self.models.dispatch("FedMR", clients)
     }
 
     fn aggregate(
@@ -148,13 +138,13 @@ impl Strategy for FedMr {
         let mut m = Map::new();
         let stage = if self.in_first_stage(round) {
             let avg = FedAvg::average(&updates, true)?;
-            self.models = vec![avg; uploads.len()];
+            self.models.set_all(avg);
             "fedavg"
         } else if let Some(exchange) = self.config.secure {
             // A fresh server key per round; the clients recombine, the server only decrypts.
             let keys = ServerKeys::generate();
             let outcome = exchange.run(&uploads, self.config.granularity, &keys, rng)?;
-            self.models = outcome.models;
+            self.models.set(outcome.models);
             m.insert(
                 "secure_exchange_bytes".into(),
                 json!(outcome.exchange_bytes),
@@ -162,7 +152,8 @@ impl Strategy for FedMr {
             m.insert("secure_upload_bytes".into(), json!(outcome.upload_bytes));
             "secure-recombine"
         } else {
-            self.models = recombine(&uploads, self.config.granularity, rng)?.models;
+            self.models
+                .set(recombine(&uploads, self.config.granularity, rng)?.models);
             "recombine"
         };
         m.insert("stage".into(), json!(stage));
@@ -175,29 +166,18 @@ impl Strategy for FedMr {
     }
 
     fn global_model(&self) -> Result<ParamTable, StrategyError> {
-        if self.models.is_empty() {
-            return Err(StrategyError::NotInitialised);
-        }
-        Ok(ParamTable::average(&self.models, None)?)
+        self.models.average()
     }
 
     fn state(&self) -> StrategyState {
         StrategyState {
-            tables: self.models.clone(),
+            tables: self.models.models().to_vec(),
             extra: json!({ "config": self.config }),
         }
     }
 
     fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
-        if state.tables.len() != self.models.len() {
-            return Err(StrategyError::Restore(format!(
-                "FedMR keeps {} models, the checkpoint has {}",
-                self.models.len(),
-                state.tables.len()
-            )));
-        }
-        self.models = state.tables;
-        Ok(())
+        self.models.restore("FedMR", state.tables)
     }
 }
 

@@ -77,3 +77,78 @@ pub trait Strategy: Send {
     /// Restores what [`state`](Self::state) returned (after [`init`](Self::init)).
     fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError>;
 }
+
+/// The K server models of the multi-model strategies (FedMR, FedCross): model i goes to the
+/// i-th sampled client, the deployable model is their plain average, and the checkpoint holds
+/// all K.
+#[derive(Debug, Clone, Default)]
+pub struct ModelSlots {
+    models: Vec<ParamTable>,
+}
+
+impl ModelSlots {
+    /// K copies of the initial model (as the authors' code starts).
+    pub fn fill(&mut self, initial: ParamTable, k: usize) {
+        self.models = vec![initial; k];
+    }
+
+    /// The K models.
+    pub fn models(&self) -> &[ParamTable] {
+        &self.models
+    }
+
+    /// Replaces the models (same count).
+    pub fn set(&mut self, models: Vec<ParamTable>) {
+        debug_assert_eq!(models.len(), self.models.len());
+        self.models = models;
+    }
+
+    /// Sets every model to `model` (a FedAvg round of the two-stage schedules).
+    pub fn set_all(&mut self, model: ParamTable) {
+        self.models = vec![model; self.models.len()];
+    }
+
+    /// One model per sampled client; `algorithm` names the strategy in errors.
+    pub fn dispatch(
+        &self,
+        algorithm: &str,
+        clients: &[usize],
+    ) -> Result<Vec<ParamTable>, StrategyError> {
+        if self.models.is_empty() {
+            return Err(StrategyError::NotInitialised);
+        }
+        if clients.len() != self.models.len() {
+            return Err(StrategyError::Restore(format!(
+                "{algorithm} keeps {} models but {} clients were sampled",
+                self.models.len(),
+                clients.len()
+            )));
+        }
+        Ok(self.models.clone())
+    }
+
+    /// The unweighted average of the K models.
+    pub fn average(&self) -> Result<ParamTable, StrategyError> {
+        if self.models.is_empty() {
+            return Err(StrategyError::NotInitialised);
+        }
+        Ok(ParamTable::average(&self.models, None)?)
+    }
+
+    /// Takes back the models of a checkpoint, which must hold K of them.
+    pub fn restore(
+        &mut self,
+        algorithm: &str,
+        tables: Vec<ParamTable>,
+    ) -> Result<(), StrategyError> {
+        if tables.len() != self.models.len() {
+            return Err(StrategyError::Restore(format!(
+                "{algorithm} keeps {} models, the checkpoint has {}",
+                self.models.len(),
+                tables.len()
+            )));
+        }
+        self.models = tables;
+        Ok(())
+    }
+}
