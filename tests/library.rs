@@ -101,3 +101,66 @@ fn the_loss_hook_changes_local_training() {
     // Without a hook, training is a pure function of its inputs.
     assert_eq!(distance(None), free);
 }
+
+/// Dropout and BatchNorm models train deterministically per client, whichever thread runs them,
+/// and block-level recombination of trained ResNets keeps every block and the sum.
+#[test]
+fn zoo_models_train_deterministically_in_parallel_and_recombine() {
+    use federated::models::{ModelKind, with_model};
+    let data = load_dataset(DatasetKind::FashionMnist, None).unwrap();
+    let d = Device::flex().autodiff();
+    let cfg = TrainConfig {
+        local_epochs: 1,
+        batch_size: 16,
+        lr: 0.05,
+        ..TrainConfig::default()
+    };
+    for kind in [ModelKind::Cnn1, ModelKind::Resnet20] {
+        d.seed(11);
+        with_model!(kind, [1, 28, 28], 10, &d, |model| {
+            let start = ParamTable::from_module(&model);
+            let train = |client: usize| {
+                let indices: Vec<usize> = (client * 64..client * 64 + 64).collect();
+                let task = LocalTask {
+                    template: model.clone(),
+                    start: start.clone(),
+                    data: &data.train,
+                    norm: &data.normalization,
+                    indices: &indices,
+                    client,
+                    round: 1,
+                    seed: 9,
+                    objective: None,
+                };
+                train_local(task, &cfg).unwrap().table.to_host().unwrap()
+            };
+            let sequential: Vec<_> = (0..3).map(train).collect();
+            let parallel: Vec<_> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..3).map(|c| s.spawn(move || train(c))).collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(sequential, parallel, "{kind}: thread-dependent training");
+            assert_ne!(sequential[0], sequential[1]);
+            let tables: Vec<ParamTable> = sequential
+                .into_iter()
+                .map(|host| {
+                    ParamTable::from_module_with_blocks(&model, model.blocks())
+                        .unwrap()
+                        .from_host(host, &Device::flex())
+                        .unwrap()
+                })
+                .collect();
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+            let r = recombine(&tables, Granularity::Block, &mut rng).unwrap();
+            assert_eq!(r.sources.len(), model.blocks().len());
+            let sum = |ts: &[ParamTable]| -> f64 {
+                ts.iter()
+                    .flat_map(|t| t.to_host().unwrap())
+                    .flatten()
+                    .map(|v| v as f64)
+                    .sum()
+            };
+            assert!((sum(&tables) - sum(&r.models)).abs() < 1e-2);
+        });
+    }
+}

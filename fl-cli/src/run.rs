@@ -4,43 +4,16 @@ use std::io::IsTerminal;
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use burn::module::Module;
 use burn::tensor::Device;
 use fl_core::rng::{Purpose, derive_seed};
 use fl_core::strategy::{FedCross, FedMr, Strategy};
 use fl_core::{Classifier, FedAvg, RoundMetrics, Simulation};
 use fl_data::{FederatedDataset, Partition, load_dataset};
-use fl_models::{CnnConfig, CnnFedAvgConfig, ModelKind};
+use fl_models::{ModelKind, with_model};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend;
 use crate::config::{FedCrossArgs, FedMrArgs, RunArgs, RunConfig};
-
-/// Builds the model `$kind` for images of `$shape` and `$classes` classes on `$device`, binds it
-/// to `$model` and evaluates `$body` (models are distinct types, so each arm is monomorphised).
-macro_rules! with_model {
-    ($kind:expr, $shape:expr, $classes:expr, $device:expr, |$model:ident| $body:expr) => {{
-        let (input_shape, num_classes) = ($shape, $classes);
-        match $kind {
-            ModelKind::Cnn => {
-                let $model = CnnConfig {
-                    input_shape,
-                    num_classes,
-                }
-                .init($device);
-                $body
-            }
-            ModelKind::CnnFedavg => {
-                let $model = CnnFedAvgConfig {
-                    input_shape,
-                    num_classes,
-                }
-                .init($device);
-                $body
-            }
-        }
-    }};
-}
 
 /// Loads the config for a new run or a resumed one.
 fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)> {
@@ -352,7 +325,7 @@ pub fn list_models(dataset: &str) -> anyhow::Result<()> {
     let device: Device = backend::device();
     for &m in ModelKind::all() {
         let (params, blocks) = with_model!(m, shape, classes, &device, |model| (
-            model.num_params(),
+            fl_core::ParamTable::from_module(&model).num_trainable(),
             model.blocks()
         ));
         println!("{:<12} {:>10} parameters", m.name(), params);

@@ -238,6 +238,19 @@ fn models_lists_parameter_counts_and_blocks() {
         "{text}"
     );
     assert!(text.contains("[1, 28, 28] -> [16, 12, 12]"), "{text}");
+    let o = fl(&["models", "--dataset", "cifar10"]);
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    for (model, params) in [
+        ("resnet20", 269_722),
+        ("resnet20-ref", 219_482),
+        ("vgg16", 33_646_666),
+        ("mobilenet-v3", 1_528_106),
+    ] {
+        let line = format!("{model:<12} {params:>10} parameters");
+        assert!(text.contains(&line), "{line} missing from\n{text}");
+    }
+    assert!(text.contains("unit8"), "{text}");
 }
 
 /// FedAvg on the real Fashion-MNIST (Debian's dataset-fashion-mnist, installed by CI) learns.

@@ -392,6 +392,17 @@ impl ParamTable {
             .sum()
     }
 
+    /// Number of trainable scalar values (what PyTorch's `parameters()` counts: BatchNorm running
+    /// statistics excluded, unlike Burn's `Module::num_params`).
+    pub fn num_trainable(&self) -> usize {
+        self.layout
+            .tensors
+            .iter()
+            .filter(|t| t.kind == ParamKind::Trainable)
+            .map(|t| t.shape.iter().product::<usize>())
+            .sum()
+    }
+
     /// Size in bytes when sent over a network as `f32`.
     pub fn byte_size(&self) -> usize {
         self.num_elements() * std::mem::size_of::<f32>()

@@ -10,7 +10,7 @@ use rand::seq::SliceRandom;
 
 use crate::layers::{LayerError, ParamTable};
 use crate::model::Classifier;
-use crate::rng::{Purpose, rng_for};
+use crate::rng::{Purpose, derive_seed, rng_for, with_forward_stream};
 
 /// Hyper-parameters of local training.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -165,6 +165,20 @@ pub fn train_local<M: Classifier>(
     if task.indices.is_empty() {
         return Err(TrainError::NoSamples(task.client));
     }
+    let forward_seed = derive_seed(
+        task.seed,
+        Purpose::Forward,
+        task.round as u64,
+        task.client as u64,
+    );
+    with_forward_stream(forward_seed, || train_steps(task, cfg))
+}
+
+/// The body of [`train_local`], run with the client's forward-pass stream installed.
+fn train_steps<M: Classifier>(
+    task: LocalTask<'_, M>,
+    cfg: &TrainConfig,
+) -> Result<LocalUpdate, TrainError> {
     let mut model = task.start.load_into(task.template)?;
     let device = model_device(&model);
     let mut optim = SgdConfig::new()

@@ -1,0 +1,140 @@
+//! Building blocks shared by the models: convolution helpers, a deterministic dropout, shape
+//! arithmetic and block declarations.
+
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
+use burn::tensor::{Device, Tensor, TensorData};
+use fl_core::layers::BlockSpec;
+use fl_core::rng::forward_bernoulli;
+
+/// A square convolution `in → out` with kernel `k`, `stride`, symmetric zero `padding` and
+/// `groups`; `bias` as in the original architecture (false before a BatchNorm).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv(
+    channels: [usize; 2],
+    k: usize,
+    stride: usize,
+    padding: usize,
+    groups: usize,
+    bias: bool,
+    init: Option<Initializer>,
+    device: &Device,
+) -> Conv2d {
+    let mut cfg = Conv2dConfig::new(channels, [k, k])
+        .with_stride([stride, stride])
+        .with_padding(PaddingConfig2d::Explicit(
+            padding, padding, padding, padding,
+        ))
+        .with_groups(groups)
+        .with_bias(bias);
+    if let Some(init) = init {
+        cfg = cfg.with_initializer(init);
+    }
+    cfg.init(device)
+}
+
+/// A BatchNorm over `n` channels with PyTorch's defaults (ε = 1e-5, momentum 0.1).
+pub(crate) fn bn(n: usize, device: &Device) -> BatchNorm {
+    BatchNormConfig::new(n).init(device)
+}
+
+/// Output size of a convolution or pooling window along one axis (floor mode, as PyTorch).
+pub(crate) fn out_size(n: usize, k: usize, stride: usize, padding: usize) -> usize {
+    (n + 2 * padding).saturating_sub(k) / stride + 1
+}
+
+/// A block declaration.
+pub(crate) fn block(
+    name: impl Into<String>,
+    modules: &[String],
+    input_shape: Vec<usize>,
+    output_shape: Vec<usize>,
+) -> BlockSpec {
+    BlockSpec {
+        name: name.into(),
+        modules: modules.to_vec(),
+        input_shape,
+        output_shape,
+    }
+}
+
+/// Checks that an input of `[c, h, w]` is large enough for a model whose feature extractor
+/// needs at least `min` pixels per side.
+pub(crate) fn check_input(model: &str, shape: [usize; 3], min: usize) {
+    let [c, h, w] = shape;
+    assert!(
+        c > 0 && h >= min && w >= min,
+        "{model} needs inputs of at least 1×{min}×{min}, got {c}×{h}×{w}"
+    );
+}
+
+/// Dropout whose masks come from the local trainer's per-client stream
+/// ([`fl_core::rng::with_forward_stream`]), so parallel clients stay deterministic.
+///
+/// Like Burn's `Dropout`, it is active only on an autodiff device (local training) and the
+/// identity at evaluation. Surviving activations are scaled by `1 / (1 − p)`.
+#[derive(Module, Debug)]
+pub struct Dropout {
+    /// Probability of zeroing an activation.
+    #[module(skip)]
+    pub prob: f64,
+}
+
+impl Dropout {
+    /// A dropout layer with drop probability `prob` in `[0, 1)`.
+    pub fn new(prob: f64) -> Self {
+        assert!(
+            (0.0..1.0).contains(&prob),
+            "dropout probability must be in [0, 1), got {prob}"
+        );
+        Self { prob }
+    }
+
+    /// Applies the mask during training; the identity otherwise.
+    pub fn forward<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
+        let device = input.device();
+        if self.prob == 0.0 || !device.is_autodiff() {
+            return input;
+        }
+        let shape = input.shape();
+        let keep = 1.0 - self.prob;
+        let mask = forward_bernoulli(shape.num_elements(), keep);
+        let mask = Tensor::<D>::from_data(TensorData::new(mask, shape), &device);
+        input * mask.mul_scalar(1.0 / keep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fl_core::rng::with_forward_stream;
+
+    #[test]
+    fn dropout_is_seeded_and_identity_at_evaluation() {
+        let d = Device::flex();
+        let drop = Dropout::new(0.5);
+        let x = Tensor::<2>::ones([4, 64], &d);
+        let eval = drop
+            .forward(x.clone())
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        assert!(eval.iter().all(|&v| v == 1.0));
+        let ad = d.clone().autodiff();
+        let run = |seed| {
+            with_forward_stream(seed, || {
+                drop.forward(Tensor::<2>::ones([4, 64], &ad))
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .unwrap()
+            })
+        };
+        let (a, b, c) = (run(3), run(3), run(4));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.iter().all(|&v| v == 0.0 || v == 2.0));
+        let kept = a.iter().filter(|&&v| v > 0.0).count();
+        assert!((64..192).contains(&kept), "kept {kept} of 256");
+    }
+}

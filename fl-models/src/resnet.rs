@@ -1,0 +1,316 @@
+//! ResNet-20 as published (He et al. 2016) and as the FedMR authors ran it.
+
+use burn::module::Module;
+use burn::nn::conv::Conv2d;
+use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2dConfig};
+use burn::nn::{BatchNorm, BatchNormConfig, Initializer, Linear, LinearConfig};
+use burn::tensor::activation::relu;
+use burn::tensor::{Device, Tensor};
+use fl_core::Classifier;
+use fl_core::layers::BlockSpec;
+
+use crate::common::{block, bn, check_input, conv, out_size};
+
+/// Configuration of [`ResNet20`] and [`ResNet20Ref`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ResNetConfig {
+    /// Input shape `[channels, height, width]`.
+    pub input_shape: [usize; 3],
+    /// Number of classes.
+    pub num_classes: usize,
+}
+
+/// One residual unit of [`ResNet20`]: two 3×3 conv + BN, option-A shortcut.
+#[derive(Module, Debug)]
+pub struct BasicBlock {
+    conv1: Conv2d,
+    bn1: BatchNorm,
+    conv2: Conv2d,
+    bn2: BatchNorm,
+    /// Zero channels added on each side of a downsampled shortcut (option A).
+    #[module(skip)]
+    pad_channels: usize,
+    #[module(skip)]
+    stride: usize,
+}
+
+impl BasicBlock {
+    fn new(input: usize, planes: usize, stride: usize, device: &Device) -> Self {
+        Self {
+            conv1: conv([input, planes], 3, stride, 1, 1, false, None, device),
+            bn1: bn(planes, device),
+            conv2: conv([planes, planes], 3, 1, 1, 1, false, None, device),
+            bn2: bn(planes, device),
+            pad_channels: (planes - input) / 2,
+            stride,
+        }
+    }
+
+    fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+        let out = relu(self.bn1.forward(self.conv1.forward(x.clone())));
+        let out = self.bn2.forward(self.conv2.forward(out));
+        relu(out + self.shortcut(x))
+    }
+
+    /// Option A: subsample spatially (`x[:, :, ::s, ::s]`) and zero-pad the new channels, so the
+    /// shortcut has no parameters.
+    fn shortcut(&self, x: Tensor<4>) -> Tensor<4> {
+        if self.stride == 1 && self.pad_channels == 0 {
+            return x;
+        }
+        let x = MaxPool2dConfig::new([1, 1])
+            .with_strides([self.stride, self.stride])
+            .init()
+            .forward(x);
+        let [n, _, h, w] = x.dims();
+        let zeros = Tensor::<4>::zeros([n, self.pad_channels, h, w], &x.device());
+        Tensor::cat(vec![zeros.clone(), x, zeros], 1)
+    }
+}
+
+/// The standard CIFAR ResNet-20 (He et al. 2016, §4.2): a 3×3 stem with 16 channels, three
+/// stages of three [`BasicBlock`]s with 16/32/64 channels (stride 2 at the start of stages 2
+/// and 3), BatchNorm, parameter-free option-A shortcuts, global average pooling and one FC layer:
+/// 269,722 parameters at 10 classes. Weights use PyTorch's default initialisation.
+///
+/// Blocks: `stem`, `unit0` … `unit8`, `head`.
+#[derive(Module, Debug)]
+pub struct ResNet20 {
+    stem_conv: Conv2d,
+    stem_bn: BatchNorm,
+    units: Vec<BasicBlock>,
+    pool: AdaptiveAvgPool2d,
+    fc: Linear,
+    #[module(skip)]
+    block_specs: Vec<BlockSpec>,
+}
+
+impl ResNetConfig {
+    /// Builds [`ResNet20`] on `device` (weights drawn from the device's RNG: seed it first).
+    pub fn init_resnet20(&self, device: &Device) -> ResNet20 {
+        check_input("resnet20", self.input_shape, 4);
+        let [c, mut h, mut w] = self.input_shape;
+        let mut specs = vec![block(
+            "stem",
+            &["stem_conv".into(), "stem_bn".into()],
+            vec![c, h, w],
+            vec![16, h, w],
+        )];
+        let (mut units, mut input) = (Vec::new(), 16);
+        for (stage, planes) in [16, 32, 64].into_iter().enumerate() {
+            for i in 0..3 {
+                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+                let (h2, w2) = (out_size(h, 3, stride, 1), out_size(w, 3, stride, 1));
+                let index = units.len();
+                specs.push(block(
+                    format!("unit{index}"),
+                    &[format!("units.{index}")],
+                    vec![input, h, w],
+                    vec![planes, h2, w2],
+                ));
+                units.push(BasicBlock::new(input, planes, stride, device));
+                (input, h, w) = (planes, h2, w2);
+            }
+        }
+        specs.push(block(
+            "head",
+            &["fc".into()],
+            vec![64, h, w],
+            vec![self.num_classes],
+        ));
+        ResNet20 {
+            stem_conv: conv([c, 16], 3, 1, 1, 1, false, None, device),
+            stem_bn: bn(16, device),
+            units,
+            pool: AdaptiveAvgPool2dConfig::new([1, 1]).init(),
+            fc: LinearConfig::new(64, self.num_classes).init(device),
+            block_specs: specs,
+        }
+    }
+
+    /// Builds [`ResNet20Ref`] on `device` (weights drawn from the device's RNG: seed it first).
+    pub fn init_resnet20_ref(&self, device: &Device) -> ResNet20Ref {
+        check_input("resnet20-ref", self.input_shape, 4);
+        let [c, mut h, mut w] = self.input_shape;
+        let mut specs = vec![block(
+            "stem",
+            &["stem_conv".into()],
+            vec![c, h, w],
+            vec![16, h, w],
+        )];
+        let (mut units, mut input) = (Vec::new(), 16);
+        for (stage, planes) in [16, 32, 64].into_iter().enumerate() {
+            for i in 0..2 {
+                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+                let (h2, w2) = (out_size(h, 3, stride, 1), out_size(w, 3, stride, 1));
+                let index = units.len();
+                specs.push(block(
+                    format!("unit{index}"),
+                    &[format!("units.{index}")],
+                    vec![input, h, w],
+                    vec![planes * 4, h2, w2],
+                ));
+                units.push(PreActBottleneck::new(input, planes, stride, device));
+                (input, h, w) = (planes * 4, h2, w2);
+            }
+        }
+        specs.push(block(
+            "head",
+            &["final_bn".into(), "fc".into()],
+            vec![input, h, w],
+            vec![self.num_classes],
+        ));
+        let mut final_bn = BatchNormConfig::new(input).init(device);
+        final_bn.gamma = Initializer::Constant { value: 0.5 }.init([input], device);
+        ResNet20Ref {
+            stem_conv: conv([c, 16], 3, 1, 1, 1, false, Some(ref_init(3, 16)), device),
+            units,
+            final_bn,
+            pool: AdaptiveAvgPool2dConfig::new([1, 1]).init(),
+            fc: LinearConfig::new(input, self.num_classes).init(device),
+            block_specs: specs,
+        }
+    }
+}
+
+impl Classifier for ResNet20 {
+    fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let mut x = relu(self.stem_bn.forward(self.stem_conv.forward(images)));
+        for unit in &self.units {
+            x = unit.forward(x);
+        }
+        self.fc.forward(self.pool.forward(x).flatten(1, 3))
+    }
+
+    fn blocks(&self) -> Vec<BlockSpec> {
+        self.block_specs.clone()
+    }
+}
+
+/// The FedMR authors' conv initialisation: N(0, √(2 / (k²·out))).
+fn ref_init(k: usize, out: usize) -> Initializer {
+    Initializer::Normal {
+        mean: 0.0,
+        std: (2.0 / (k * k * out) as f64).sqrt(),
+    }
+}
+
+/// A BatchNorm with the FedMR authors' initialisation (weight 0.5, bias 0).
+fn ref_bn(n: usize, device: &Device) -> BatchNorm {
+    let mut norm = bn(n, device);
+    norm.gamma = Initializer::Constant { value: 0.5 }.init([n], device);
+    norm
+}
+
+/// One pre-activation bottleneck unit of [`ResNet20Ref`] (expansion 4).
+#[derive(Module, Debug)]
+pub struct PreActBottleneck {
+    bn1: BatchNorm,
+    conv1: Conv2d,
+    bn2: BatchNorm,
+    conv2: Conv2d,
+    bn3: BatchNorm,
+    conv3: Conv2d,
+    /// 1×1 strided convolution when the shape changes.
+    shortcut: Option<Conv2d>,
+}
+
+impl PreActBottleneck {
+    fn new(input: usize, planes: usize, stride: usize, device: &Device) -> Self {
+        let out = planes * 4;
+        Self {
+            bn1: ref_bn(input, device),
+            conv1: conv(
+                [input, planes],
+                1,
+                1,
+                0,
+                1,
+                false,
+                Some(ref_init(1, planes)),
+                device,
+            ),
+            bn2: ref_bn(planes, device),
+            conv2: conv(
+                [planes, planes],
+                3,
+                stride,
+                1,
+                1,
+                false,
+                Some(ref_init(3, planes)),
+                device,
+            ),
+            bn3: ref_bn(planes, device),
+            conv3: conv(
+                [planes, out],
+                1,
+                1,
+                0,
+                1,
+                false,
+                Some(ref_init(1, out)),
+                device,
+            ),
+            shortcut: (stride != 1 || input != out).then(|| {
+                conv(
+                    [input, out],
+                    1,
+                    stride,
+                    0,
+                    1,
+                    false,
+                    Some(ref_init(1, out)),
+                    device,
+                )
+            }),
+        }
+    }
+
+    fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+        let pre = relu(self.bn1.forward(x.clone()));
+        // Pre-activation: the projection shortcut sees the normalised input, identity sees x.
+        let shortcut = match &self.shortcut {
+            Some(proj) => proj.forward(pre.clone()),
+            None => x,
+        };
+        let out = self.conv1.forward(pre);
+        let out = self.conv2.forward(relu(self.bn2.forward(out)));
+        let out = self.conv3.forward(relu(self.bn3.forward(out)));
+        out + shortcut
+    }
+}
+
+/// ResNet-20 as in the FedMR authors' code (what their ResNet-20 numbers were measured with):
+/// pre-activation bottleneck units (expansion 4) in three stages of two units with 16/32/64
+/// planes, a stem 3×3 convolution without BatchNorm, 1×1 strided convolution shortcuts, global
+/// average pooling and FC 256→C. Their model also owns a final BatchNorm(256) that its forward
+/// pass never uses; it is kept (it is part of their state, and FedMR shuffles it), giving
+/// 219,482 trainable parameters at 10 classes. Initialisation as theirs: convolutions
+/// N(0, √(2/(k²·out))), BatchNorm weight 0.5.
+///
+/// Blocks: `stem`, `unit0` … `unit5`, `head` (final BN and FC).
+#[derive(Module, Debug)]
+pub struct ResNet20Ref {
+    stem_conv: Conv2d,
+    units: Vec<PreActBottleneck>,
+    final_bn: BatchNorm,
+    pool: AdaptiveAvgPool2d,
+    fc: Linear,
+    #[module(skip)]
+    block_specs: Vec<BlockSpec>,
+}
+
+impl Classifier for ResNet20Ref {
+    fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let mut x = self.stem_conv.forward(images);
+        for unit in &self.units {
+            x = unit.forward(x);
+        }
+        self.fc.forward(self.pool.forward(x).flatten(1, 3))
+    }
+
+    fn blocks(&self) -> Vec<BlockSpec> {
+        self.block_specs.clone()
+    }
+}
