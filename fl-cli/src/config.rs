@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::Args;
 use fl_core::secure::SecureExchange;
-use fl_core::strategy::{FedCrossConfig, FedMrConfig};
+use fl_core::strategy::{
+    FedAvgM, FedCrossConfig, FedExP, FedMrConfig, FedMut, FedMutConfig, FedProx, Scaffold,
+    ScaffoldConfig, Strategy,
+};
 use fl_core::{EngineConfig, TrainConfig};
 use fl_data::{DatasetKind, PartitionScheme};
 use fl_models::ModelKind;
@@ -79,6 +82,20 @@ pub struct RunConfig {
     pub dynamic_alpha: Option<String>,
     /// FedCross: fuse only trainable parameters (keep each model's BatchNorm statistics).
     pub trainable_only: bool,
+    /// FedProx: weight μ of the proximal term.
+    pub mu: f64,
+    /// SCAFFOLD, FedAvgM: server learning rate.
+    pub server_lr: f64,
+    /// FedAvgM: server momentum β.
+    pub server_momentum: f64,
+    /// FedExP: ε of the step-size rule.
+    pub epsilon: f64,
+    /// FedMut: mutation radius α.
+    pub mut_radius: f64,
+    /// FedMut: initial imbalance of the mutation pairs.
+    pub mut_rate: f64,
+    /// FedMut: rounds over which the imbalance decays to zero.
+    pub mut_bound: usize,
     /// Output directory.
     pub out: Option<PathBuf>,
 }
@@ -118,6 +135,13 @@ impl Default for RunConfig {
             propellers: 0,
             dynamic_alpha: None,
             trainable_only: false,
+            mu: 0.01,
+            server_lr: 1.0,
+            server_momentum: 0.9,
+            epsilon: 1e-3,
+            mut_radius: 4.0,
+            mut_rate: 0.3,
+            mut_bound: 100,
             out: None,
         }
     }
@@ -294,7 +318,97 @@ impl FedCrossArgs {
     }
 }
 
+/// The baselines' flags (each subcommand exposes its own; override the same fields of
+/// `--config`).
+#[derive(Debug, Clone, Default)]
+pub struct BaselineArgs {
+    /// FedProx μ.
+    pub mu: Option<f64>,
+    /// Server learning rate.
+    pub server_lr: Option<f64>,
+    /// FedAvgM β.
+    pub server_momentum: Option<f64>,
+    /// FedExP ε.
+    pub epsilon: Option<f64>,
+    /// FedMut α.
+    pub mut_radius: Option<f64>,
+    /// FedMut rate.
+    pub mut_rate: Option<f64>,
+    /// FedMut bound.
+    pub mut_bound: Option<usize>,
+}
+
+impl BaselineArgs {
+    /// Writes the given flags into `cfg`.
+    pub fn apply(&self, cfg: &mut RunConfig) {
+        override_fields!(
+            cfg,
+            self,
+            mu,
+            server_lr,
+            server_momentum,
+            epsilon,
+            mut_radius,
+            mut_rate,
+            mut_bound
+        );
+    }
+}
+
 impl RunConfig {
+    /// The baseline strategy named by `algorithm`, with its settings checked.
+    pub fn baseline(&self) -> anyhow::Result<Box<dyn Strategy>> {
+        let check = |ok: bool, what: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(anyhow::anyhow!("{what}"))
+            }
+        };
+        Ok(match self.algorithm.as_str() {
+            "fedprox" => {
+                check(self.mu.is_finite() && self.mu >= 0.0, "--mu must be >= 0")?;
+                Box::new(FedProx::new(self.mu))
+            }
+            "scaffold" => {
+                check(self.server_lr > 0.0, "--server-lr must be > 0")?;
+                Box::new(Scaffold::new(ScaffoldConfig {
+                    server_lr: self.server_lr,
+                    local_lr: self.lr,
+                    num_clients: self.clients,
+                }))
+            }
+            "fedavgm" => {
+                check(self.server_lr > 0.0, "--server-lr must be > 0")?;
+                check(
+                    (0.0..1.0).contains(&self.server_momentum),
+                    "--server-momentum must be in [0, 1)",
+                )?;
+                let mut s = FedAvgM::new(self.server_momentum, self.server_lr);
+                s.weighted = self.weighted;
+                Box::new(s)
+            }
+            "fedexp" => {
+                check(self.epsilon > 0.0, "--epsilon must be > 0")?;
+                Box::new(FedExP::new(self.epsilon))
+            }
+            "fedmut" => {
+                check(self.mut_radius >= 0.0, "--mut-radius must be >= 0")?;
+                check(
+                    (0.0..=1.0).contains(&self.mut_rate),
+                    "--mut-rate must be in [0, 1]",
+                )?;
+                check(self.mut_bound >= 1, "--mut-bound must be >= 1")?;
+                Box::new(FedMut::new(FedMutConfig {
+                    radius: self.mut_radius,
+                    rate: self.mut_rate,
+                    bound: self.mut_bound,
+                }))
+            }
+            other => bail!("'{other}' is not a baseline"),
+        })
+    }
+
     /// Reads a TOML config file.
     pub fn from_file(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)

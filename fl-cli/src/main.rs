@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use config::{FedCrossArgs, FedMrArgs, RunArgs};
+use config::{BaselineArgs, FedCrossArgs, FedMrArgs, RunArgs};
 
 /// Federated-learning simulations (FedAvg, ...) on Burn, reproducible from a seed.
 #[derive(Debug, Parser)]
@@ -57,6 +57,55 @@ enum Command {
     Fedindep {
         #[command(flatten)]
         args: Box<RunArgs>,
+    },
+    /// FedProx (Li et al. 2020): FedAvg with the local proximal term (μ/2)·‖w − w_global‖².
+    Fedprox {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        /// Proximal weight μ (papers: 0.01 CIFAR-10, 0.001 CIFAR-100, 0.1 FEMNIST) (default 0.01).
+        #[arg(long)]
+        mu: Option<f64>,
+    },
+    /// SCAFFOLD (Karimireddy et al. 2020): control variates correct client drift.
+    Scaffold {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        /// Server learning rate η_g (default 1).
+        #[arg(long)]
+        server_lr: Option<f64>,
+    },
+    /// FedAvgM (Hsu et al. 2019): FedAvg with server momentum.
+    Fedavgm {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        /// Server momentum β (default 0.9).
+        #[arg(long)]
+        server_momentum: Option<f64>,
+        /// Server learning rate (default 1).
+        #[arg(long)]
+        server_lr: Option<f64>,
+    },
+    /// FedExP (Jhunjhunwala et al. 2023): FedAvg with an extrapolated server step size.
+    Fedexp {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        /// ε of the step-size rule (default 0.001).
+        #[arg(long)]
+        epsilon: Option<f64>,
+    },
+    /// FedMut (Hu et al. 2024): the global model is mutated into K models along its last update.
+    Fedmut {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        /// Mutation radius α (default 4.0).
+        #[arg(long)]
+        mut_radius: Option<f64>,
+        /// Initial imbalance of the mutation pairs, decaying to 0 over --mut-bound rounds (default 0.3).
+        #[arg(long)]
+        mut_rate: Option<f64>,
+        /// Rounds over which the imbalance decays (default 100).
+        #[arg(long)]
+        mut_bound: Option<usize>,
     },
     /// Plot test accuracy (or loss) against rounds for runs; a directory of runs (one per seed)
     /// is drawn as its mean with a ±1 std band.
@@ -115,6 +164,58 @@ fn main() -> ExitCode {
         Command::Fedmr { args, fedmr } => run::fedmr(&args, &fedmr),
         Command::Fedcross { args, cross } => run::fedcross(&args, &cross),
         Command::Fedindep { args } => run::fedindep(&args),
+        Command::Fedprox { args, mu } => run::baseline(
+            "fedprox",
+            &args,
+            &BaselineArgs {
+                mu,
+                ..Default::default()
+            },
+        ),
+        Command::Scaffold { args, server_lr } => run::baseline(
+            "scaffold",
+            &args,
+            &BaselineArgs {
+                server_lr,
+                ..Default::default()
+            },
+        ),
+        Command::Fedavgm {
+            args,
+            server_momentum,
+            server_lr,
+        } => run::baseline(
+            "fedavgm",
+            &args,
+            &BaselineArgs {
+                server_momentum,
+                server_lr,
+                ..Default::default()
+            },
+        ),
+        Command::Fedexp { args, epsilon } => run::baseline(
+            "fedexp",
+            &args,
+            &BaselineArgs {
+                epsilon,
+                ..Default::default()
+            },
+        ),
+        Command::Fedmut {
+            args,
+            mut_radius,
+            mut_rate,
+            mut_bound,
+        } => run::baseline(
+            "fedmut",
+            &args,
+            &BaselineArgs {
+                mut_radius,
+                mut_rate,
+                mut_bound,
+                ..Default::default()
+            },
+        ),
         Command::Plot {
             runs,
             out,

@@ -13,7 +13,7 @@ use fl_models::{ModelKind, with_model};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend;
-use crate::config::{FedCrossArgs, FedMrArgs, RunArgs, RunConfig};
+use crate::config::{BaselineArgs, FedCrossArgs, FedMrArgs, RunArgs, RunConfig};
 
 /// Loads the config for a new run or a resumed one.
 fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)> {
@@ -92,6 +92,16 @@ pub fn fedindep(args: &RunArgs) -> anyhow::Result<()> {
     run(&cfg, resume, args, &mut FedMr::fedindep())
 }
 
+/// `fl fedprox`, `fl scaffold`, `fl fedavgm`, `fl fedexp`, `fl fedmut`.
+pub fn baseline(algorithm: &str, args: &RunArgs, flags: &BaselineArgs) -> anyhow::Result<()> {
+    let (mut cfg, resume) = resolve(algorithm, args)?;
+    if !resume {
+        flags.apply(&mut cfg);
+    }
+    let mut strategy = cfg.baseline()?;
+    run(&cfg, resume, args, strategy.as_mut())
+}
+
 /// `fl run FILE`: the algorithm named in the config file, with the file's settings.
 pub fn from_file(file: &Path, args: &RunArgs) -> anyhow::Result<()> {
     let cfg = RunConfig::from_file(file)?;
@@ -104,8 +114,11 @@ pub fn from_file(file: &Path, args: &RunArgs) -> anyhow::Result<()> {
         "fedmr" => fedmr(&args, &FedMrArgs::default()),
         "fedcross" => fedcross(&args, &FedCrossArgs::default()),
         "fedindep" => fedindep(&args),
+        baseline_name @ ("fedprox" | "scaffold" | "fedavgm" | "fedexp" | "fedmut") => {
+            baseline(baseline_name, &args, &BaselineArgs::default())
+        }
         other => bail!(
-            "{}: unknown algorithm '{other}' (known: fedavg, fedmr, fedcross, fedindep)",
+            "{}: unknown algorithm '{other}' (known: fedavg, fedmr, fedcross, fedindep, fedprox, scaffold, fedavgm, fedexp, fedmut)",
             file.display()
         ),
     }

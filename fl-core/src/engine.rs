@@ -236,11 +236,22 @@ impl<M: Classifier> Simulation<'_, M> {
             let starts = strategy.dispatch(round, &clients)?;
             let bytes_down = starts.iter().map(ParamTable::byte_size).sum();
 
+            let objectives = strategy.objectives(round, &clients)?;
+            if objectives.len() != clients.len() {
+                return Err(EngineError::Config(format!(
+                    "{} gave {} local objectives for {} clients",
+                    strategy.name(),
+                    objectives.len(),
+                    clients.len()
+                )));
+            }
+
             let timer = Instant::now();
             let tasks: Vec<LocalTask<'_, M>> = clients
                 .iter()
                 .zip(starts)
-                .map(|(&client, start)| LocalTask {
+                .zip(&objectives)
+                .map(|((&client, start), objective)| LocalTask {
                     template: self.model.clone(),
                     start,
                     data: &self.data.train,
@@ -249,7 +260,8 @@ impl<M: Classifier> Simulation<'_, M> {
                     client,
                     round,
                     seed: cfg.seed,
-                    objective: self.objective,
+                    // The strategy's own term (FedProx, SCAFFOLD) wins over the simulation's.
+                    objective: objective.as_deref().or(self.objective),
                 })
                 .collect();
             let updates = pool.install(|| {

@@ -476,6 +476,60 @@ impl ParamTable {
         })
     }
 
+    /// `a·self + b·other`, tensor by tensor: the one primitive behind server-side update
+    /// arithmetic (pseudo-gradients `x − y`, momentum `β·v + Δ`, steps `x − η·Δ`).
+    pub fn combine(&self, a: f64, other: &Self, b: f64) -> Result<Self, LayerError> {
+        self.check_same(other)?;
+        let values = self
+            .values
+            .iter()
+            .zip(&other.values)
+            .map(|(x, y)| x.clone().mul_scalar(a).add(y.clone().mul_scalar(b)))
+            .collect();
+        Ok(Self {
+            layout: self.layout.clone(),
+            values,
+        })
+    }
+
+    /// `self − other` (e.g. a client's update `y − x`).
+    pub fn sub(&self, other: &Self) -> Result<Self, LayerError> {
+        self.combine(1.0, other, -1.0)
+    }
+
+    /// Every tensor multiplied by `s`.
+    pub fn scale(&self, s: f64) -> Self {
+        Self {
+            layout: self.layout.clone(),
+            values: self
+                .values
+                .iter()
+                .map(|v| v.clone().mul_scalar(s))
+                .collect(),
+        }
+    }
+
+    /// A table of the same layout filled with zeros.
+    pub fn zeros_like(&self) -> Self {
+        Self {
+            layout: self.layout.clone(),
+            values: self.values.iter().map(Tensor::zeros_like).collect(),
+        }
+    }
+
+    /// Squared Euclidean norm over all tensors (one host read).
+    pub fn sq_norm(&self) -> Result<f64, LayerError> {
+        let parts: Vec<Tensor<1>> = self
+            .values
+            .iter()
+            .map(|v| v.clone().square().sum())
+            .collect();
+        Ok(host_f32(Tensor::cat(parts, 0))?
+            .iter()
+            .map(|&x| x as f64)
+            .sum())
+    }
+
     /// A copy of `self` whose [`ParamKind::Buffer`] tensors (BatchNorm statistics) are taken
     /// from `other`: used to aggregate only trainable parameters.
     pub fn with_buffers_from(&self, other: &Self) -> Result<Self, LayerError> {

@@ -87,3 +87,24 @@ pub fn tiny(seed: u64) -> TinyNet {
         .load_into(model)
         .expect("same model")
 }
+
+/// A client upload whose model is `tiny(seed)`.
+pub fn upload(seed: u64, num_samples: usize) -> crate::trainer::LocalUpdate {
+    crate::trainer::LocalUpdate {
+        client: seed as usize,
+        table: crate::layers::ParamTable::from_module(&tiny(seed)),
+        num_samples,
+        train_loss: 0.0,
+        steps: 10,
+    }
+}
+
+/// All values of a table, flattened.
+pub fn flat(t: &crate::layers::ParamTable) -> Vec<f32> {
+    t.to_host().expect("host copy").concat()
+}
+
+/// Element-wise closeness.
+pub fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol)
+}

@@ -86,6 +86,8 @@ pub struct LocalUpdate {
     pub num_samples: usize,
     /// Mean mini-batch loss over all local steps.
     pub train_loss: f64,
+    /// Number of optimiser steps taken (SCAFFOLD's K).
+    pub steps: usize,
 }
 
 /// Errors of local training and evaluation.
@@ -235,6 +237,7 @@ fn train_steps<M: Classifier>(
         table: ParamTable::from_module(&model),
         num_samples: task.indices.len(),
         train_loss: loss_sum / steps as f64,
+        steps,
     })
 }
 

@@ -99,6 +99,7 @@ mod tests {
 
     fn update(seed: u64, num_samples: usize) -> LocalUpdate {
         LocalUpdate {
+            steps: 1,
             client: seed as usize,
             table: ParamTable::from_module(&tiny(seed)),
             num_samples,

@@ -418,6 +418,7 @@ mod tests {
 
     fn update(seed: u64, samples: usize) -> LocalUpdate {
         LocalUpdate {
+            steps: 1,
             client: seed as usize,
             table: ParamTable::from_module(&tiny(seed)),
             num_samples: samples,

@@ -190,6 +190,7 @@ mod tests {
     fn update(seed: u64, samples: usize) -> LocalUpdate {
         let m = tiny(seed);
         LocalUpdate {
+            steps: 1,
             client: seed as usize,
             table: ParamTable::from_module_with_blocks(&m, crate::Classifier::blocks(&m)).unwrap(),
             num_samples: samples,

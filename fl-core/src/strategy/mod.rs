@@ -1,20 +1,33 @@
 //! Server strategies: which model each sampled client gets, and what the server does with the
 //! uploads. A strategy never trains and never touches files; it speaks in [`ParamTable`]s.
 //!
-//! One algorithm, one file: [`fedavg`], [`fedmr`], [`fedcross`].
+//! One algorithm, one file: [`fedavg`], [`fedmr`], [`fedcross`], and the baselines [`fedprox`],
+//! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`].
 
 pub mod fedavg;
+pub mod fedavgm;
 pub mod fedcross;
+pub mod fedexp;
 pub mod fedmr;
+pub mod fedmut;
+pub mod fedprox;
+pub mod scaffold;
 
 pub use fedavg::FedAvg;
+pub use fedavgm::FedAvgM;
 pub use fedcross::{FedCross, FedCrossConfig};
+pub use fedexp::FedExP;
 pub use fedmr::{FedMr, FedMrConfig};
+pub use fedmut::{FedMut, FedMutConfig};
+pub use fedprox::FedProx;
+pub use scaffold::{Scaffold, ScaffoldConfig};
+
+use std::sync::Arc;
 
 use rand_chacha::ChaCha8Rng;
 
 use crate::layers::{LayerError, ParamTable};
-use crate::trainer::LocalUpdate;
+use crate::trainer::{LocalObjective, LocalUpdate};
 
 /// Errors a strategy can report.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +71,17 @@ pub trait Strategy: Send {
         round: usize,
         clients: &[usize],
     ) -> Result<Vec<ParamTable>, StrategyError>;
+
+    /// The extra local loss term of each sampled client this round (FedProx's proximal term,
+    /// SCAFFOLD's drift correction), in the order of `clients`; `None` trains on the plain
+    /// loss. Called after [`dispatch`](Self::dispatch). By default, no client has one.
+    fn objectives(
+        &self,
+        _round: usize,
+        clients: &[usize],
+    ) -> Result<Vec<Option<Arc<dyn LocalObjective>>>, StrategyError> {
+        Ok(vec![None; clients.len()])
+    }
 
     /// Turns the uploads (in sampling order) into the new server models. `rng` is the round's
     /// server-side generator. Returns extra per-round metrics (merged into `metrics.jsonl`).
