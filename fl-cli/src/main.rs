@@ -2,6 +2,8 @@
 
 mod backend;
 mod config;
+mod landscape;
+mod log;
 mod plot;
 mod report;
 mod run;
@@ -136,6 +138,27 @@ enum Command {
         #[arg(long, value_enum, default_value = "markdown")]
         format: report::TableFormat,
     },
+    /// Loss landscape of a finished run's global model on the plane of two random
+    /// filter-normalised directions (Li et al. 2018; FedMR's Fig. 7): PNG heat map + CSV.
+    Landscape {
+        /// The run directory (needs its model.bpk).
+        run: PathBuf,
+        /// Output PNG (the CSV is written next to it) (default RUN/landscape.png).
+        #[arg(short, long)]
+        out: Option<PathBuf>,
+        /// Points per axis, odd.
+        #[arg(long, default_value_t = 21)]
+        grid: usize,
+        /// Half-width of the plane in filter-norm units.
+        #[arg(long, default_value_t = 1.0)]
+        span: f64,
+        /// Test images evaluated per point.
+        #[arg(long, default_value_t = 1000)]
+        samples: usize,
+        /// Seed of the two directions.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// List the models with their parameter counts and blocks for a dataset.
     Models {
         /// Dataset whose input shape and classes to use.
@@ -150,14 +173,7 @@ fn load_groups(dirs: &[PathBuf]) -> anyhow::Result<Vec<report::RunGroup>> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Logs go to stderr, filtered by RUST_LOG (default: warnings only), e.g. RUST_LOG=info.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    log::init();
     let result = match cli.command {
         Command::Run { file, args } => run::from_file(&file, &args),
         Command::Fedavg { args, unweighted } => run::fedavg(&args, unweighted),
@@ -230,6 +246,23 @@ fn main() -> ExitCode {
             .and_then(|g| report::compare_table(&g, target, format))
             .map(|table| print!("{table}")),
         Command::Models { dataset } => run::list_models(&dataset),
+        Command::Landscape {
+            out,
+            run,
+            grid,
+            span,
+            samples,
+            seed,
+        } => landscape::landscape(
+            &run,
+            &landscape::LandscapeArgs {
+                grid,
+                span,
+                samples,
+                seed,
+            },
+            &out.unwrap_or_else(|| run.join("landscape.png")),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

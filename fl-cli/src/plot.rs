@@ -26,10 +26,15 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(23, 190, 207),
 ];
 
+/// Makes the embedded font plotters' `sans-serif`.
+pub fn register_font() -> anyhow::Result<()> {
+    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| anyhow!("the embedded font is invalid"))
+}
+
 /// Draws `groups` into `out` (`.png` or `.svg`, 1000×600).
 pub fn plot(groups: &[RunGroup], metric: Metric, title: &str, out: &Path) -> anyhow::Result<()> {
-    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
-        .map_err(|_| anyhow!("the embedded font is invalid"))?;
+    register_font()?;
     let size = (1000, 600);
     match out.extension().and_then(|e| e.to_str()) {
         Some("png") => draw(

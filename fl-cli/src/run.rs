@@ -251,7 +251,25 @@ fn simulate<M: Classifier>(
         }
         tracing::info!(round = m.round, test_acc = ?m.test_acc, train_loss = m.train_loss, "round done");
     };
-    let summary = sim.run(strategy, resume, &mut on_round)?;
+    crate::log::open_run_log(&out)
+        .with_context(|| format!("cannot write {}", out.join(crate::log::LOG_FILE).display()))?;
+    tracing::info!(
+        algorithm = %cfg.algorithm,
+        dataset = %data.name,
+        model = %cfg.model,
+        seed = cfg.seed,
+        rounds = cfg.rounds,
+        resume,
+        out = %out.display(),
+        "run started"
+    );
+    let result = sim.run(strategy, resume, &mut on_round);
+    match &result {
+        Ok(s) => tracing::info!(rounds = s.rounds.len(), "run finished"),
+        Err(e) => tracing::error!("run failed: {e}"),
+    }
+    crate::log::close_run_log();
+    let summary = result?;
     bar.finish_and_clear();
     if !quiet {
         let best = summary

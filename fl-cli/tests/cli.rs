@@ -774,6 +774,12 @@ fn baselines_run_end_to_end() {
     let (prox0, args) = with("fedprox", "prox0", "2", &["--mu", "0"]);
     run_ok(&args);
     assert_eq!(metrics(&avg), metrics(&prox0));
+    let log = std::fs::read_to_string(avg.join("log.txt")).unwrap();
+    assert!(
+        log.contains("run started") && log.contains("run finished"),
+        "{log}"
+    );
+    assert_eq!(log.matches("round done").count(), 2, "{log}");
     assert_eq!(weights(&avg), weights(&prox0));
 
     let (prox, args) = with("fedprox", "prox", "2", &["--mu", "0.5"]);
@@ -826,4 +832,52 @@ fn baselines_run_end_to_end() {
             "{err}"
         );
     }
+}
+
+/// `fl landscape` on a short run: a grid of losses with the trained model at (or next to) the
+/// lowest point, a PNG heat map and a CSV.
+#[test]
+fn landscape_has_its_minimum_near_the_trained_model() {
+    let dir = tmp();
+    let out = dir.path().join("run");
+    run_ok(&small_run(&out, "2", "2"));
+    let run = out.display().to_string();
+    let png = dir.path().join("land.png");
+    let o = fl(&[
+        "landscape",
+        &run,
+        "--grid",
+        "5",
+        "--samples",
+        "300",
+        "-o",
+        &png.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let img = image::open(&png).expect("a decodable PNG");
+    assert_eq!((img.width(), img.height()), (800, 700));
+    let csv = std::fs::read_to_string(png.with_extension("csv")).unwrap();
+    let rows: Vec<Vec<f64>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 25);
+    let lowest = rows.iter().min_by(|a, b| a[2].total_cmp(&b[2])).unwrap();
+    assert!(
+        lowest[0].abs() <= 0.5 && lowest[1].abs() <= 0.5,
+        "minimum at {lowest:?}"
+    );
+    let corners_mean = [0, 4, 20, 24].iter().map(|&i| rows[i][2]).sum::<f64>() / 4.0;
+    assert!(
+        rows[12][2] < corners_mean,
+        "centre {} vs corners {corners_mean}",
+        rows[12][2]
+    );
+    let o = fl(&["landscape", &run, "--grid", "4"]);
+    assert!(
+        stderr(&o).starts_with("error: --grid must be odd"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -6,11 +6,13 @@
 //! - [`trainer`]: local SGD on one client, evaluation.
 //! - [`strategy`]: the [`Strategy`] trait and one file per algorithm ([`FedAvg`], ...).
 //! - [`engine`]: the round loop, parallel clients, metrics, checkpoints.
+//! - [`landscape`]: loss surfaces along filter-normalised random directions.
 //! - [`secure`]: FedMR's encrypted client-to-client layer exchange.
 //! - [`rng`]: seeded randomness independent of thread scheduling.
 
 pub mod checkpoint;
 pub mod engine;
+pub mod landscape;
 pub mod layers;
 mod model;
 pub mod rng;
