@@ -29,7 +29,7 @@ pub struct LandscapeArgs {
 
 /// Computes the landscape of `run`'s `model.bpk`, writes `out` (PNG) and the CSV next to it.
 pub fn landscape(run: &Path, args: &LandscapeArgs, out: &Path) -> anyhow::Result<()> {
-    if args.grid < 3 || args.grid % 2 == 0 {
+    if args.grid < 3 || args.grid.is_multiple_of(2) {
         bail!("--grid must be odd and at least 3, got {}", args.grid);
     }
     if !(args.span.is_finite() && args.span > 0.0) || args.samples == 0 {
