@@ -82,6 +82,8 @@ pub struct RunConfig {
     pub dynamic_alpha: Option<String>,
     /// FedCross: fuse only trainable parameters (keep each model's BatchNorm statistics).
     pub trainable_only: bool,
+    /// Pathological partition: distinct classes per client.
+    pub classes_per_client: usize,
     /// FedProx: weight μ of the proximal term.
     pub mu: f64,
     /// SCAFFOLD, FedAvgM: server learning rate.
@@ -135,6 +137,7 @@ impl Default for RunConfig {
             propellers: 0,
             dynamic_alpha: None,
             trainable_only: false,
+            classes_per_client: 2,
             mu: 0.01,
             server_lr: 1.0,
             server_momentum: 0.9,
@@ -190,9 +193,13 @@ pub struct RunArgs {
     /// Local L2 weight decay.
     #[arg(long)]
     pub weight_decay: Option<f64>,
-    /// Client partition: iid, dirichlet, or natural (the dataset's own: FEMNIST writers).
+    /// Client partition: iid, dirichlet, pathological (k classes per client), or natural (the
+    /// dataset's own: FEMNIST writers).
     #[arg(long)]
     pub partition: Option<String>,
+    /// Pathological partition: distinct classes per client (pFedClub: 2).
+    #[arg(long, value_name = "K")]
+    pub classes_per_client: Option<usize>,
     /// Dirichlet concentration (> 0; small is more skewed).
     #[arg(long)]
     pub alpha: Option<f64>,
@@ -439,6 +446,7 @@ impl RunConfig {
             partition,
             alpha,
             min_client_size,
+            classes_per_client,
             seed,
             eval_every,
             eval_batch_size,
@@ -489,8 +497,13 @@ impl RunConfig {
                     min_size: self.min_client_size,
                 })
             }
+            "pathological" => Ok(PartitionScheme::Pathological {
+                classes_per_client: self.classes_per_client,
+            }),
             "natural" => bail!("the natural partition is not drawn; it comes with the dataset"),
-            other => bail!("unknown partition '{other}' (known: iid, dirichlet, natural)"),
+            other => {
+                bail!("unknown partition '{other}' (known: iid, dirichlet, pathological, natural)")
+            }
         }
     }
 

@@ -27,6 +27,14 @@ pub enum PartitionScheme {
         /// Smallest number of samples any client may get.
         min_size: usize,
     },
+    /// Pathological non-IID: every client holds exactly `classes_per_client` distinct classes
+    /// (pFedClub: 2). Classes are dealt round-robin over a shuffled class order, so each class
+    /// goes to the same number of clients (±1), and each class's samples are split equally
+    /// among its clients.
+    Pathological {
+        /// Distinct classes per client.
+        classes_per_client: usize,
+    },
 }
 
 /// How many full Dirichlet draws are tried before a setting is declared infeasible.
@@ -56,6 +64,7 @@ impl Partition {
         let min_size = match scheme {
             PartitionScheme::Iid => 1,
             PartitionScheme::Dirichlet { min_size, .. } => (*min_size).max(1),
+            PartitionScheme::Pathological { classes_per_client } => (*classes_per_client).max(1),
         };
         if labels.len() < num_clients * min_size {
             return Err(DataError::Partition(format!(
@@ -74,7 +83,66 @@ impl Partition {
                 }
                 Self::dirichlet(labels, num_classes, num_clients, *alpha, min_size, &mut rng)
             }
+            PartitionScheme::Pathological { classes_per_client } => Self::pathological(
+                labels,
+                num_classes,
+                num_clients,
+                *classes_per_client,
+                &mut rng,
+            ),
         }
+    }
+
+    fn pathological(
+        labels: &[u16],
+        num_classes: usize,
+        num_clients: usize,
+        k: usize,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Self, DataError> {
+        let bad = |m: String| Err(DataError::Partition(m));
+        if k == 0 || k > num_classes {
+            return bad(format!(
+                "classes per client must be between 1 and the {num_classes} classes, got {k}"
+            ));
+        }
+        if num_clients * k < num_classes {
+            return bad(format!(
+                "{num_clients} clients with {k} classes each cannot cover all {num_classes} classes"
+            ));
+        }
+        let mut order: Vec<usize> = (0..num_classes).collect();
+        order.shuffle(rng);
+        // owners[c]: the clients holding class c (client i gets k consecutive dealt classes,
+        // distinct because k ≤ C).
+        let mut owners: Vec<Vec<usize>> = vec![Vec::new(); num_classes];
+        for i in 0..num_clients {
+            for j in 0..k {
+                owners[order[(i * k + j) % num_classes]].push(i);
+            }
+        }
+        let mut clients: Vec<Vec<usize>> = vec![Vec::new(); num_clients];
+        for (class, holders) in owners.iter().enumerate() {
+            let mut idx: Vec<usize> = (0..labels.len())
+                .filter(|&i| labels[i] as usize == class)
+                .collect();
+            idx.shuffle(rng);
+            if idx.len() < holders.len() {
+                return bad(format!(
+                    "class {class} has {} samples, fewer than the {} clients that should hold it",
+                    idx.len(),
+                    holders.len()
+                ));
+            }
+            let (base, extra) = (idx.len() / holders.len(), idx.len() % holders.len());
+            let mut start = 0;
+            for (m, &client) in holders.iter().enumerate() {
+                let len = base + usize::from(m < extra);
+                clients[client].extend_from_slice(&idx[start..start + len]);
+                start += len;
+            }
+        }
+        Ok(Self { clients })
     }
 
     fn iid(n: usize, num_clients: usize, rng: &mut ChaCha8Rng) -> Self {
@@ -242,6 +310,46 @@ mod tests {
                 Err(e) => prop_assert!(!iid && e.to_string().contains("attempts"), "{}", e),
             }
         }
+    }
+
+    #[test]
+    fn pathological_gives_every_client_exactly_k_classes() {
+        let all = labels(3000, 10);
+        let labels = &all;
+        for (clients, k) in [(20, 2), (7, 3), (5, 2), (10, 1)] {
+            let scheme = PartitionScheme::Pathological {
+                classes_per_client: k,
+            };
+            let p = Partition::new(&scheme, labels, 10, clients, 4).unwrap();
+            p.validate(3000).unwrap();
+            assert_eq!(p.sizes().iter().sum::<usize>(), 3000);
+            for h in p.label_histogram(labels, 10) {
+                assert_eq!(h.iter().filter(|&&c| c > 0).count(), k, "{h:?}");
+            }
+            assert_eq!(p, Partition::new(&scheme, labels, 10, clients, 4).unwrap());
+        }
+        let e = |clients: usize, k: usize| {
+            let scheme = PartitionScheme::Pathological {
+                classes_per_client: k,
+            };
+            Partition::new(&scheme, labels, 10, clients, 0)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(e(4, 2).contains("cannot cover all 10 classes"));
+        assert!(e(4, 11).contains("between 1 and the 10 classes"));
+        assert!(e(4, 0).contains("between 1 and the 10 classes"));
+        // Class 0 has one sample but three holders.
+        let tiny: Vec<u16> = std::iter::once(0)
+            .chain((0..39).map(|i| 1 + (i % 9) as u16))
+            .collect();
+        let scheme = PartitionScheme::Pathological {
+            classes_per_client: 2,
+        };
+        let e = Partition::new(&scheme, &tiny, 10, 15, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fewer than the 3 clients"), "{e}");
     }
 
     #[test]
