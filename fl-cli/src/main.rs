@@ -1,6 +1,7 @@
 //! `fl`: federated-learning simulations on Burn. See `fl --help`.
 
 mod backend;
+mod bench;
 mod config;
 mod landscape;
 mod log;
@@ -159,6 +160,32 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Measure training, evaluation, a FedMR round and server operations per model, with
+    /// peak memory (prints a Markdown table; see README "Speed").
+    Bench {
+        /// Models, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "cnn,cnn-fedavg,resnet20,vgg16"
+        )]
+        models: Vec<String>,
+        /// Samples per client.
+        #[arg(long, default_value_t = 500)]
+        samples: usize,
+        /// Clients per round (K).
+        #[arg(long, default_value_t = 10)]
+        clients: usize,
+        /// Local epochs per round.
+        #[arg(long, default_value_t = 5)]
+        epochs: usize,
+        /// Worker threads (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// A seconds-long smoke run (2 clients × 1 epoch × 20 samples).
+        #[arg(long)]
+        quick: bool,
+    },
     /// List the models with their parameter counts and blocks for a dataset.
     Models {
         /// Dataset whose input shape and classes to use.
@@ -246,6 +273,34 @@ fn main() -> ExitCode {
             .and_then(|g| report::compare_table(&g, target, format))
             .map(|table| print!("{table}")),
         Command::Models { dataset } => run::list_models(&dataset),
+        Command::Bench {
+            models,
+            samples,
+            clients,
+            epochs,
+            threads,
+            quick,
+        } => models
+            .iter()
+            .map(|m| m.parse::<fl_models::ModelKind>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(anyhow::Error::from)
+            .and_then(|models| {
+                let threads = threads
+                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+                let args = if quick {
+                    bench::BenchArgs::quick(models, threads)
+                } else {
+                    bench::BenchArgs {
+                        models,
+                        samples,
+                        clients,
+                        epochs,
+                        threads,
+                    }
+                };
+                bench::bench(&args)
+            }),
         Command::Landscape {
             out,
             run,

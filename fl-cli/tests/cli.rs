@@ -881,3 +881,20 @@ fn landscape_has_its_minimum_near_the_trained_model() {
         stderr(&o)
     );
 }
+
+/// `fl bench --quick` is the CI smoke run of the benchmark (no timing assertions).
+#[test]
+fn bench_quick_prints_a_row_per_model() {
+    let o = fl(&["bench", "--quick", "--models", "cnn,resnet20-ref"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("| cnn | 62006 |"), "{text}");
+    assert!(text.contains("| resnet20-ref | 219482 |"), "{text}");
+    assert!(text.contains("peak RSS"), "{text}");
+    let o = fl(&["bench", "--models", "resnet50"]);
+    assert!(
+        stderr(&o).starts_with("error: unknown model 'resnet50'"),
+        "{}",
+        stderr(&o)
+    );
+}

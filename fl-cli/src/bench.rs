@@ -1,0 +1,250 @@
+//! `fl bench`: throughput of local training and evaluation per model, the wall time of one
+//! FedMR round in the paper's setting, server-side table operations and peak memory, as a
+//! Markdown table. Timings are measured, never asserted (CI runs `fl bench --quick` as a smoke
+//! test).
+
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::tensor::Device;
+use fl_core::Classifier;
+use fl_core::layers::{Granularity, ParamTable, recombine};
+use fl_core::trainer::{LocalTask, TrainConfig, evaluate, train_local};
+use fl_data::{Dataset, Normalization};
+use fl_models::{ModelKind, with_model};
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+
+use crate::backend;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchArgs {
+    /// Models to measure.
+    pub models: Vec<ModelKind>,
+    /// Samples per client (the FedMR paper's clients hold about 500 CIFAR images).
+    pub samples: usize,
+    /// Clients per round (K).
+    pub clients: usize,
+    /// Local epochs per round.
+    pub epochs: usize,
+    /// Worker threads (clients trained in parallel).
+    pub threads: usize,
+}
+
+impl BenchArgs {
+    /// A seconds-long smoke configuration.
+    pub fn quick(models: Vec<ModelKind>, threads: usize) -> Self {
+        Self {
+            models,
+            samples: 20,
+            clients: 2,
+            epochs: 1,
+            threads,
+        }
+    }
+}
+
+/// One model's measurements.
+struct Row {
+    model: ModelKind,
+    params: usize,
+    train_per_s: f64,
+    eval_per_s: f64,
+    round_s: f64,
+    round_per_s: f64,
+    recombine_ms: f64,
+    average_ms: f64,
+    mix_ms: f64,
+    copy_ms: f64,
+}
+
+/// Runs the benchmark and prints the table.
+pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.samples > 0 && args.clients > 0 && args.epochs > 0 && args.threads > 0,
+        "--samples, --clients, --epochs and --threads must be at least 1"
+    );
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build()
+        .context("thread pool")?;
+    let device = backend::device();
+    let data = synthetic(args.samples * args.clients, [3, 32, 32], 10);
+    let norm = Normalization {
+        mean: vec![0.5; 3],
+        std: vec![0.25; 3],
+    };
+    println!(
+        "backend {}, {} threads; 3×32×32 inputs, 10 classes, batch 50, SGD lr 0.01 momentum 0.5; \
+         a round = {} clients × {} epochs × {} samples",
+        backend::name(),
+        args.threads,
+        args.clients,
+        args.epochs,
+        args.samples
+    );
+    let mut rows = Vec::new();
+    for &model in &args.models {
+        let ad = device.clone().autodiff();
+        ad.seed(1);
+        let row = with_model!(model, [3, 32, 32], 10, &ad, |m| pool
+            .install(|| measure(model, m, &data, &norm, args, &device)))?;
+        rows.push(row);
+    }
+    println!(
+        "\n| model | params | train samples/s (1 client) | eval samples/s | FedMR round (s) | round samples/s | recombine K (ms) | average K (ms) | α-mix (ms) | copy K once (ms) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.3} | {:.2} | {:.3} | {:.2} |",
+            r.model,
+            r.params,
+            r.train_per_s,
+            r.eval_per_s,
+            r.round_s,
+            r.round_per_s,
+            r.recombine_ms,
+            r.average_ms,
+            r.mix_ms,
+            r.copy_ms
+        );
+    }
+    match peak_rss_mib() {
+        Some(mib) => println!("\npeak RSS: {mib:.0} MiB"),
+        None => println!("\npeak RSS: not available on this platform"),
+    }
+    Ok(())
+}
+
+fn measure<M: Classifier>(
+    kind: ModelKind,
+    model: M,
+    data: &Dataset,
+    norm: &Normalization,
+    args: &BenchArgs,
+    device: &Device,
+) -> anyhow::Result<Row> {
+    let start = ParamTable::from_module(&model);
+    let params = start.num_trainable();
+    let cfg = TrainConfig {
+        local_epochs: 1,
+        batch_size: 50,
+        lr: 0.01,
+        momentum: 0.5,
+        weight_decay: 0.0,
+    };
+    let client = |c: usize, cfg: &TrainConfig| {
+        let indices: Vec<usize> = (c * args.samples..(c + 1) * args.samples).collect();
+        train_local(
+            LocalTask {
+                template: model.clone(),
+                start: start.clone(),
+                data,
+                norm,
+                indices: &indices,
+                client: c,
+                round: 1,
+                seed: 1,
+                objective: None,
+            },
+            cfg,
+        )
+    };
+    // Warm-up (allocations, kernel selection), then one client alone.
+    client(0, &cfg)?;
+    let t = Instant::now();
+    client(0, &cfg)?;
+    let train_per_s = args.samples as f64 / t.elapsed().as_secs_f64();
+
+    let eval_data = data.subset(&(0..args.samples).collect::<Vec<_>>());
+    let t = Instant::now();
+    evaluate(&model, &eval_data, norm, 500);
+    let eval_per_s = args.samples as f64 / t.elapsed().as_secs_f64();
+
+    // One FedMR round: K clients in parallel, then recombination.
+    let round_cfg = TrainConfig {
+        local_epochs: args.epochs,
+        ..cfg
+    };
+    let t = Instant::now();
+    let uploads: Vec<ParamTable> = (0..args.clients)
+        .into_par_iter()
+        .map(|c| client(c, &round_cfg).map(|u| u.table))
+        .collect::<Result<_, _>>()?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    recombine(&uploads, Granularity::Tensor, &mut rng)?;
+    let round_s = t.elapsed().as_secs_f64();
+    let round_per_s = (args.clients * args.epochs * args.samples) as f64 / round_s;
+
+    // Server-side operations on K device tables (host-resident for the CPU backends).
+    let tables: Vec<ParamTable> = (0..args.clients)
+        .map(|k| start.scale(1.0 + k as f64 * 1e-3))
+        .collect();
+    let time_ms = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<f64> {
+        f()?; // warm-up
+        let reps = 5;
+        let t = Instant::now();
+        for _ in 0..reps {
+            f()?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e3 / reps as f64)
+    };
+    // FedMR's recombination (moves tensor handles), FedAvg's average, FedCross's α-mix.
+    let recombine_ms = time_ms(&mut || {
+        let r = recombine(&tables, Granularity::Tensor, &mut rng)?;
+        sync(&r.models, device)
+    })?;
+    let average_ms = time_ms(&mut || {
+        let avg = ParamTable::average(&tables, None)?;
+        sync(std::slice::from_ref(&avg), device)
+    })?;
+    let mix_ms = time_ms(&mut || {
+        let mixed = tables[0].mix(&tables[1 % tables.len()], 0.99)?;
+        sync(std::slice::from_ref(&mixed), device)
+    })?;
+    // The reference: materialising a copy of every byte of the K tables once.
+    let copy_ms = time_ms(&mut || {
+        let copies: Vec<ParamTable> = tables.iter().map(|t| t.scale(1.0)).collect();
+        sync(&copies, device)
+    })?;
+    Ok(Row {
+        model: kind,
+        params,
+        train_per_s,
+        eval_per_s,
+        round_s,
+        round_per_s,
+        recombine_ms,
+        average_ms,
+        mix_ms,
+        copy_ms,
+    })
+}
+
+/// Waits for queued device work (a no-op cost on the eager CPU backends).
+fn sync(_tables: &[ParamTable], device: &Device) -> anyhow::Result<()> {
+    device
+        .sync()
+        .map_err(|e| anyhow::anyhow!("device sync: {e:?}"))
+}
+
+/// Random images and labels in the dataset format (speed does not depend on content).
+fn synthetic(n: usize, shape: [usize; 3], classes: usize) -> Dataset {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let pixels = n * shape.iter().product::<usize>();
+    let images: Vec<u8> = (0..pixels).map(|_| rng.random()).collect();
+    let labels: Vec<u16> = (0..n)
+        .map(|_| rng.random_range(0..classes as u16))
+        .collect();
+    Dataset::new(images, labels, shape, classes).expect("consistent synthetic data")
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`).
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
