@@ -183,7 +183,7 @@ fn draw(out: &Path, points: &[LandscapePoint], coords: &[f64], title: &str) -> a
 }
 
 /// Viridis, linearly interpolated between five of its stops (`t` in `[0, 1]`).
-fn viridis(t: f64) -> RGBColor {
+pub(crate) fn viridis(t: f64) -> RGBColor {
     const STOPS: [(f64, f64, f64); 5] = [
         (68.0, 1.0, 84.0),
         (59.0, 82.0, 139.0),

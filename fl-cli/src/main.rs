@@ -5,6 +5,7 @@ mod bench;
 mod config;
 mod landscape;
 mod log;
+mod partition;
 mod plot;
 mod report;
 mod run;
@@ -186,6 +187,18 @@ enum Command {
         #[arg(long)]
         quick: bool,
     },
+    /// Draw how a partition splits the classes among clients: a heat map (clients × classes)
+    /// and a CSV, for a run's partition.json (`--run DIR`) or the one the flags would draw.
+    Partition {
+        /// A run directory whose partition to draw.
+        #[arg(long, value_name = "DIR")]
+        run: Option<PathBuf>,
+        /// Output PNG (the CSV is written next to it).
+        #[arg(short = 'o', long, default_value = "partition.png")]
+        image: PathBuf,
+        #[command(flatten)]
+        args: Box<RunArgs>,
+    },
     /// List the models with their parameter counts and blocks for a dataset.
     Models {
         /// Dataset whose input shape and classes to use.
@@ -273,6 +286,7 @@ fn main() -> ExitCode {
             .and_then(|g| report::compare_table(&g, target, format))
             .map(|table| print!("{table}")),
         Command::Models { dataset } => run::list_models(&dataset),
+        Command::Partition { run, image, args } => run::partition(run.as_deref(), &args, &image),
         Command::Bench {
             models,
             samples,

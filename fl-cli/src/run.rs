@@ -159,41 +159,13 @@ fn run_one(
     let quiet = quiet || !std::io::stdout().is_terminal();
     let kind = cfg.dataset_kind()?;
     let model_kind = cfg.model_kind()?;
-    // The natural partition comes with the data (FEMNIST writers); the others are drawn.
-    let scheme = match cfg.partition.as_str() {
-        "natural" => None,
-        _ => Some(cfg.partition_scheme()?),
-    };
     let data = load_dataset(kind, cfg.data_dir.as_deref())?;
     if data.origin == "embedded" {
         eprintln!(
             "note: using the embedded Fashion-MNIST copy (10k test images split 8,000/2,000); install dataset-fashion-mnist or pass --data-dir for the full set"
         );
     }
-    let partition = match &cfg.partition_file {
-        Some(path) => {
-            let p = Partition::load(path)?;
-            if p.num_clients() != cfg.clients {
-                bail!(
-                    "{} has {} clients, but --clients is {}",
-                    path.display(),
-                    p.num_clients(),
-                    cfg.clients
-                );
-            }
-            p
-        }
-        None => match scheme {
-            None => natural_partition(&data, cfg.clients)?,
-            Some(scheme) => Partition::new(
-                &scheme,
-                data.train.labels(),
-                data.train.num_classes(),
-                cfg.clients,
-                derive_seed(cfg.seed, Purpose::Partition, 0, 0),
-            )?,
-        },
-    };
+    let partition = build_partition(cfg, &data)?;
     let device = backend::device();
     eprintln!("backend: {} ({:?})", backend::name(), device);
     let out = cfg.out_dir();
@@ -289,6 +261,69 @@ fn simulate<M: Classifier>(
         }
     }
     Ok(())
+}
+
+/// The run's partition: `--partition-file`, the dataset's natural split, or a seeded draw.
+fn build_partition(cfg: &RunConfig, data: &FederatedDataset) -> anyhow::Result<Partition> {
+    // The natural partition comes with the data (FEMNIST writers); the others are drawn.
+    let scheme = match cfg.partition.as_str() {
+        "natural" => None,
+        _ => Some(cfg.partition_scheme()?),
+    };
+    Ok(match &cfg.partition_file {
+        Some(path) => {
+            let p = Partition::load(path)?;
+            if p.num_clients() != cfg.clients {
+                bail!(
+                    "{} has {} clients, but --clients is {}",
+                    path.display(),
+                    p.num_clients(),
+                    cfg.clients
+                );
+            }
+            p
+        }
+        None => match scheme {
+            None => natural_partition(data, cfg.clients)?,
+            Some(scheme) => Partition::new(
+                &scheme,
+                data.train.labels(),
+                data.train.num_classes(),
+                cfg.clients,
+                derive_seed(cfg.seed, Purpose::Partition, 0, 0),
+            )?,
+        },
+    })
+}
+
+/// `fl partition`: draws a run's partition (with `run`) or the one the flags would draw.
+pub fn partition(run: Option<&Path>, args: &RunArgs, image: &Path) -> anyhow::Result<()> {
+    let cfg = match run {
+        Some(dir) => RunConfig::from_file(&dir.join("config.toml"))
+            .with_context(|| format!("{} is not a run directory", dir.display()))?,
+        None => RunConfig::resolve("fedavg", args)?,
+    };
+    let data = load_dataset(cfg.dataset_kind()?, cfg.data_dir.as_deref())?;
+    let partition = match run {
+        Some(dir) => {
+            let p = Partition::load(&dir.join("partition.json"))?;
+            p.validate(data.train.len())?;
+            p
+        }
+        None => build_partition(&cfg, &data)?,
+    };
+    let scheme = match cfg.partition.as_str() {
+        "dirichlet" => format!("Dirichlet {}", cfg.alpha),
+        "pathological" => format!("{} classes per client", cfg.classes_per_client),
+        other => other.to_string(),
+    };
+    let title = format!(
+        "{}: {} clients, {scheme}, seed {}",
+        data.name,
+        partition.num_clients(),
+        cfg.seed
+    );
+    crate::partition::draw_partition(&data, &partition, &title, image)
 }
 
 /// The dataset's own split (FEMNIST: one client per writer), limited to the first `clients`.

@@ -898,3 +898,37 @@ fn bench_quick_prints_a_row_per_model() {
         stderr(&o)
     );
 }
+
+/// `fl partition` draws a fresh pathological partition and a run's own partition.
+#[test]
+fn partition_heat_map_and_csv() {
+    let dir = tmp();
+    let png = dir.path().join("p.png");
+    let o = fl(&[
+        "partition",
+        "--partition",
+        "pathological",
+        "--classes-per-client",
+        "2",
+        "--clients",
+        "20",
+        "-o",
+        &png.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let img = image::open(&png).expect("a decodable PNG");
+    assert_eq!((img.width(), img.height()), (1000, 600));
+    let csv = std::fs::read_to_string(png.with_extension("csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 20);
+    for row in rows {
+        let nonzero = row.split(',').skip(1).filter(|v| *v != "0").count();
+        assert_eq!(nonzero, 2, "{row}");
+    }
+    let o = fl(&["partition", "--run", "/nonexistent"]);
+    assert!(
+        stderr(&o).starts_with("error: /nonexistent is not a run directory"),
+        "{}",
+        stderr(&o)
+    );
+}
