@@ -17,6 +17,16 @@ fn cnn(seed: u64, shape: [usize; 3], device: &Device) -> federated::models::Cnn 
     .init(device)
 }
 
+/// The sum of every value of every table (recombination must preserve it).
+fn sum(tables: &[ParamTable]) -> f64 {
+    tables
+        .iter()
+        .flat_map(|t| t.to_host().unwrap())
+        .flatten()
+        .map(|v| v as f64)
+        .sum()
+}
+
 #[test]
 fn block_recombination_of_real_cnns_preserves_the_sum() {
     let d = Device::flex();
@@ -30,13 +40,6 @@ fn block_recombination_of_real_cnns_preserves_the_sum() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
         let r = recombine(&models, Granularity::Block, &mut rng).unwrap();
         assert_eq!(r.sources.len(), models[0].layout().blocks().len());
-        let sum = |ts: &[ParamTable]| -> f64 {
-            ts.iter()
-                .flat_map(|t| t.to_host().unwrap())
-                .flatten()
-                .map(|v| v as f64)
-                .sum()
-        };
         assert!((sum(&models) - sum(&r.models)).abs() < 1e-3);
         // Round trip through a real module is exact.
         let loaded = r.models[0].load_into(cnn(99, shape, &d)).unwrap();
@@ -153,13 +156,6 @@ fn zoo_models_train_deterministically_in_parallel_and_recombine() {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
             let r = recombine(&tables, Granularity::Block, &mut rng).unwrap();
             assert_eq!(r.sources.len(), model.blocks().len());
-            let sum = |ts: &[ParamTable]| -> f64 {
-                ts.iter()
-                    .flat_map(|t| t.to_host().unwrap())
-                    .flatten()
-                    .map(|v| v as f64)
-                    .sum()
-            };
             assert!((sum(&tables) - sum(&r.models)).abs() < 1e-2);
         });
     }

@@ -459,21 +459,7 @@ impl ParamTable {
 
     /// `alpha·self + (1 − alpha)·other`, tensor by tensor (FedCross's fusion).
     pub fn mix(&self, other: &Self, alpha: f64) -> Result<Self, LayerError> {
-        self.check_same(other)?;
-        let values = self
-            .values
-            .iter()
-            .zip(&other.values)
-            .map(|(a, b)| {
-                a.clone()
-                    .mul_scalar(alpha)
-                    .add(b.clone().mul_scalar(1.0 - alpha))
-            })
-            .collect();
-        Ok(Self {
-            layout: self.layout.clone(),
-            values,
-        })
+        self.combine(alpha, other, 1.0 - alpha)
     }
 
     /// `a·self + b·other`, tensor by tensor: the one primitive behind server-side update

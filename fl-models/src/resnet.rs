@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2dConfig};
-use burn::nn::{BatchNorm, BatchNormConfig, Initializer, Linear, LinearConfig};
+use burn::nn::{BatchNorm, Initializer, Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use fl_core::Classifier;
@@ -89,29 +89,16 @@ impl ResNetConfig {
     /// Builds [`ResNet20`] on `device` (weights drawn from the device's RNG: seed it first).
     pub fn init_resnet20(&self, device: &Device) -> ResNet20 {
         check_input("resnet20", self.input_shape, 4);
-        let [c, mut h, mut w] = self.input_shape;
+        let [c, h, w] = self.input_shape;
         let mut specs = vec![block(
             "stem",
             &["stem_conv".into(), "stem_bn".into()],
             vec![c, h, w],
             vec![16, h, w],
         )];
-        let (mut units, mut input) = (Vec::new(), 16);
-        for (stage, planes) in [16, 32, 64].into_iter().enumerate() {
-            for i in 0..3 {
-                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
-                let (h2, w2) = (out_size(h, 3, stride, 1), out_size(w, 3, stride, 1));
-                let index = units.len();
-                specs.push(block(
-                    format!("unit{index}"),
-                    &[format!("units.{index}")],
-                    vec![input, h, w],
-                    vec![planes, h2, w2],
-                ));
-                units.push(BasicBlock::new(input, planes, stride, device));
-                (input, h, w) = (planes, h2, w2);
-            }
-        }
+        let (units, [_, h, w]) = stages([16, h, w], 3, 1, &mut specs, |input, planes, stride| {
+            BasicBlock::new(input, planes, stride, device)
+        });
         specs.push(block(
             "head",
             &["fc".into()],
@@ -131,46 +118,62 @@ impl ResNetConfig {
     /// Builds [`ResNet20Ref`] on `device` (weights drawn from the device's RNG: seed it first).
     pub fn init_resnet20_ref(&self, device: &Device) -> ResNet20Ref {
         check_input("resnet20-ref", self.input_shape, 4);
-        let [c, mut h, mut w] = self.input_shape;
+        let [c, h, w] = self.input_shape;
         let mut specs = vec![block(
             "stem",
             &["stem_conv".into()],
             vec![c, h, w],
             vec![16, h, w],
         )];
-        let (mut units, mut input) = (Vec::new(), 16);
-        for (stage, planes) in [16, 32, 64].into_iter().enumerate() {
-            for i in 0..2 {
-                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
-                let (h2, w2) = (out_size(h, 3, stride, 1), out_size(w, 3, stride, 1));
-                let index = units.len();
-                specs.push(block(
-                    format!("unit{index}"),
-                    &[format!("units.{index}")],
-                    vec![input, h, w],
-                    vec![planes * 4, h2, w2],
-                ));
-                units.push(PreActBottleneck::new(input, planes, stride, device));
-                (input, h, w) = (planes * 4, h2, w2);
-            }
-        }
+        let (units, [input, h, w]) =
+            stages([16, h, w], 2, 4, &mut specs, |input, planes, stride| {
+                PreActBottleneck::new(input, planes, stride, device)
+            });
         specs.push(block(
             "head",
             &["final_bn".into(), "fc".into()],
             vec![input, h, w],
             vec![self.num_classes],
         ));
-        let mut final_bn = BatchNormConfig::new(input).init(device);
-        final_bn.gamma = Initializer::Constant { value: 0.5 }.init([input], device);
         ResNet20Ref {
             stem_conv: conv([c, 16], 3, 1, 1, 1, false, Some(ref_init(3, 16)), device),
             units,
-            final_bn,
+            final_bn: ref_bn(input, device),
             pool: AdaptiveAvgPool2dConfig::new([1, 1]).init(),
             fc: LinearConfig::new(input, self.num_classes).init(device),
             block_specs: specs,
         }
     }
+}
+
+/// The three stages shared by both ResNet-20s: 16/32/64 planes, `per_stage` units each, stride 2
+/// at the start of stages 2 and 3, `expansion` output channels per plane. Declares one block per
+/// unit (`unitN` = `units.N`) and returns the units with the output shape `[c, h, w]`.
+fn stages<U>(
+    [mut input, mut h, mut w]: [usize; 3],
+    per_stage: usize,
+    expansion: usize,
+    specs: &mut Vec<BlockSpec>,
+    mut unit: impl FnMut(usize, usize, usize) -> U,
+) -> (Vec<U>, [usize; 3]) {
+    let mut units = Vec::new();
+    for (stage, planes) in [16, 32, 64].into_iter().enumerate() {
+        for i in 0..per_stage {
+            let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+            let (h2, w2) = (out_size(h, 3, stride, 1), out_size(w, 3, stride, 1));
+            let out = planes * expansion;
+            let index = units.len();
+            specs.push(block(
+                format!("unit{index}"),
+                &[format!("units.{index}")],
+                vec![input, h, w],
+                vec![out, h2, w2],
+            ));
+            units.push(unit(input, planes, stride));
+            (input, h, w) = (out, h2, w2);
+        }
+    }
+    (units, [input, h, w])
 }
 
 impl Classifier for ResNet20 {

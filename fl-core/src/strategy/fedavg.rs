@@ -57,8 +57,7 @@ impl Strategy for FedAvg {
         _round: usize,
         clients: &[usize],
     ) -> Result<Vec<ParamTable>, StrategyError> {
-        let global = self.global.as_ref().ok_or(StrategyError::NotInitialised)?;
-        Ok(vec![global.clone(); clients.len()])
+        super::broadcast(self.global.as_ref(), clients)
     }
 
     fn aggregate(
@@ -94,22 +93,8 @@ impl Strategy for FedAvg {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_model::tiny;
+    use crate::test_model::{flat as host, upload as update};
     use rand::SeedableRng;
-
-    fn update(seed: u64, num_samples: usize) -> LocalUpdate {
-        LocalUpdate {
-            steps: 1,
-            client: seed as usize,
-            table: ParamTable::from_module(&tiny(seed)),
-            num_samples,
-            train_loss: 0.0,
-        }
-    }
-
-    fn host(t: &ParamTable) -> Vec<f32> {
-        t.to_host().unwrap().concat()
-    }
 
     fn blend(a: &[f32], b: &[f32], wa: f32) -> Vec<f32> {
         a.iter()

@@ -49,8 +49,7 @@ impl Strategy for FedAvgM {
         _round: usize,
         clients: &[usize],
     ) -> Result<Vec<ParamTable>, StrategyError> {
-        let global = self.global.as_ref().ok_or(StrategyError::NotInitialised)?;
-        Ok(vec![global.clone(); clients.len()])
+        super::broadcast(self.global.as_ref(), clients)
     }
 
     fn aggregate(

@@ -10,7 +10,7 @@
 use rand_chacha::ChaCha8Rng;
 
 use super::{Strategy, StrategyError, StrategyState};
-use crate::layers::ParamTable;
+use crate::layers::{ParamKind, ParamTable};
 use crate::trainer::LocalUpdate;
 
 /// FedAvg with FedExP's extrapolated server step.
@@ -51,8 +51,7 @@ impl Strategy for FedExP {
         _round: usize,
         clients: &[usize],
     ) -> Result<Vec<ParamTable>, StrategyError> {
-        let global = self.global.as_ref().ok_or(StrategyError::NotInitialised)?;
-        Ok(vec![global.clone(); clients.len()])
+        super::broadcast(self.global.as_ref(), clients)
     }
 
     fn aggregate(
@@ -68,13 +67,14 @@ impl Strategy for FedExP {
             .iter()
             .map(|y| global.sub(y))
             .collect::<Result<Vec<_>, _>>()?;
-        let trainable = |t: &ParamTable| t.with_buffers_from(&t.zeros_like());
+        // Norms over trainable tensors only (BatchNorm statistics zeroed).
+        let trainable = |t: &ParamTable| t.map_kind(ParamKind::Buffer, |v| v.zeros_like());
         let sum_sq = deltas
             .iter()
-            .map(|d| trainable(d)?.sq_norm())
+            .map(|d| trainable(d).sq_norm())
             .sum::<Result<f64, _>>()?;
         let mean_delta = global.sub(&average)?;
-        let mean_sq = trainable(&mean_delta)?.sq_norm()?;
+        let mean_sq = trainable(&mean_delta).sq_norm()?;
         let eta = Self::step_size(sum_sq, mean_sq, uploads.len(), self.epsilon);
         let stepped = global.combine(1.0, &mean_delta, -eta)?;
         self.global = Some(stepped.with_buffers_from(&average)?);

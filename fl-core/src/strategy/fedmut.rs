@@ -14,7 +14,7 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use super::{FedAvg, Strategy, StrategyError, StrategyState};
+use super::{FedAvg, ModelSlots, Strategy, StrategyError, StrategyState};
 use crate::layers::ParamTable;
 use crate::trainer::LocalUpdate;
 
@@ -44,7 +44,8 @@ impl Default for FedMutConfig {
 pub struct FedMut {
     config: FedMutConfig,
     global: Option<ParamTable>,
-    mutants: Vec<ParamTable>,
+    /// The K mutants, model k for the k-th sampled client.
+    mutants: ModelSlots,
 }
 
 impl FedMut {
@@ -53,7 +54,7 @@ impl FedMut {
         Self {
             config,
             global: None,
-            mutants: Vec::new(),
+            mutants: ModelSlots::default(),
         }
     }
 
@@ -118,7 +119,7 @@ impl Strategy for FedMut {
     }
 
     fn init(&mut self, initial: ParamTable, sample: usize) {
-        self.mutants = vec![initial.clone(); sample];
+        self.mutants.fill(initial.clone(), sample);
         self.global = Some(initial);
     }
 
@@ -127,14 +128,7 @@ impl Strategy for FedMut {
         _round: usize,
         clients: &[usize],
     ) -> Result<Vec<ParamTable>, StrategyError> {
-        if self.mutants.len() != clients.len() {
-            return Err(StrategyError::Restore(format!(
-                "FedMut keeps {} models but {} clients were sampled",
-                self.mutants.len(),
-                clients.len()
-            )));
-        }
-        Ok(self.mutants.clone())
+        self.mutants.dispatch("FedMut", clients)
     }
 
     fn aggregate(
@@ -147,7 +141,9 @@ impl Strategy for FedMut {
         let global = FedAvg::average(&updates, true)?;
         let delta = global.sub(previous)?;
         let imbalance = self.imbalance(round);
-        self.mutants = self.mutate(&global, &delta, self.mutants.len(), imbalance, rng)?;
+        let k = self.mutants.models().len();
+        self.mutants
+            .set(self.mutate(&global, &delta, k, imbalance, rng)?);
         self.global = Some(global);
         let mut metrics = serde_json::Map::new();
         metrics.insert("mutation_imbalance".into(), imbalance.into());
@@ -161,7 +157,12 @@ impl Strategy for FedMut {
 
     fn state(&self) -> StrategyState {
         StrategyState {
-            tables: self.global.iter().chain(&self.mutants).cloned().collect(),
+            tables: self
+                .global
+                .iter()
+                .chain(self.mutants.models())
+                .cloned()
+                .collect(),
             extra: serde_json::json!({
                 "radius": self.config.radius,
                 "rate": self.config.rate,
@@ -171,16 +172,12 @@ impl Strategy for FedMut {
     }
 
     fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
-        if state.tables.len() != self.mutants.len() + 1 {
-            return Err(StrategyError::Restore(format!(
-                "FedMut keeps 1 + {} models, the checkpoint has {}",
-                self.mutants.len(),
-                state.tables.len()
-            )));
-        }
         let mut tables = state.tables.into_iter();
-        self.global = tables.next();
-        self.mutants = tables.collect();
+        let global = tables
+            .next()
+            .ok_or_else(|| StrategyError::Restore("FedMut's checkpoint has no model".into()))?;
+        self.mutants.restore("FedMut", tables.collect())?;
+        self.global = Some(global);
         Ok(())
     }
 }

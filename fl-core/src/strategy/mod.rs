@@ -102,6 +102,16 @@ pub trait Strategy: Send {
     fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError>;
 }
 
+/// The single global model, once per sampled client: the dispatch of FedAvg and of every
+/// strategy that keeps one server model.
+pub fn broadcast(
+    global: Option<&ParamTable>,
+    clients: &[usize],
+) -> Result<Vec<ParamTable>, StrategyError> {
+    let global = global.ok_or(StrategyError::NotInitialised)?;
+    Ok(vec![global.clone(); clients.len()])
+}
+
 /// The K server models of the multi-model strategies (FedMR, FedCross): model i goes to the
 /// i-th sampled client, the deployable model is their plain average, and the checkpoint holds
 /// all K.

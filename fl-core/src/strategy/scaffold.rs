@@ -110,8 +110,7 @@ impl Strategy for Scaffold {
         _round: usize,
         clients: &[usize],
     ) -> Result<Vec<ParamTable>, StrategyError> {
-        let global = self.global.as_ref().ok_or(StrategyError::NotInitialised)?;
-        Ok(vec![global.clone(); clients.len()])
+        super::broadcast(self.global.as_ref(), clients)
     }
 
     fn objectives(
@@ -146,7 +145,6 @@ impl Strategy for Scaffold {
             local_lr,
             num_clients,
         } = self.config;
-        let trainable = |t: ParamTable| t.with_buffers_from(&t.zeros_like());
         let mut control_change = c.zeros_like();
         for u in &updates {
             let ci = self.client_control(u.client)?;
@@ -154,7 +152,10 @@ impl Strategy for Scaffold {
             let drift = x
                 .sub(&u.table)?
                 .scale(1.0 / (u.steps.max(1) as f64 * local_lr));
-            let new_ci = trainable(ci.sub(c)?.combine(1.0, &drift, 1.0)?)?;
+            let new_ci = ci
+                .sub(c)?
+                .combine(1.0, &drift, 1.0)?
+                .map_kind(ParamKind::Buffer, |v| v.zeros_like());
             control_change = control_change.combine(1.0, &new_ci.sub(&ci)?, 1.0)?;
             self.client_controls.insert(u.client, new_ci);
         }
