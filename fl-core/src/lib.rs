@@ -25,6 +25,6 @@ pub(crate) mod test_model;
 
 pub use engine::{EngineConfig, EngineError, RoundMetrics, RunSummary, Simulation};
 pub use layers::{BlockSpec, Granularity, ParamTable};
-pub use model::Classifier;
+pub use model::{BlockForward, Classifier, Features};
 pub use strategy::{FedAvg, Strategy};
 pub use trainer::{LocalObjective, TrainConfig};

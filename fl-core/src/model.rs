@@ -20,3 +20,96 @@ pub trait Classifier: Module + Sync + 'static {
         Vec::new()
     }
 }
+
+/// The activation passed from one block to the next: a feature map `[N, C, H, W]` or a flat
+/// vector `[N, D]` per sample.
+#[derive(Debug, Clone)]
+pub enum Features {
+    /// A feature map.
+    Map(Tensor<4>),
+    /// Flat features (after flattening or pooling).
+    Flat(Tensor<2>),
+}
+
+impl Features {
+    /// The per-sample shape (`[C, H, W]` or `[D]`), as in [`BlockSpec`].
+    pub fn sample_shape(&self) -> Vec<usize> {
+        match self {
+            Self::Map(x) => x.dims()[1..].to_vec(),
+            Self::Flat(x) => vec![x.dims()[1]],
+        }
+    }
+
+    /// The batch size.
+    pub fn batch_size(&self) -> usize {
+        match self {
+            Self::Map(x) => x.dims()[0],
+            Self::Flat(x) => x.dims()[0],
+        }
+    }
+
+    /// The features as a feature map (flat features become `[N, D, 1, 1]`).
+    pub fn into_map(self) -> Tensor<4> {
+        match self {
+            Self::Map(x) => x,
+            Self::Flat(x) => {
+                let [n, d] = x.dims();
+                x.reshape([n, d, 1, 1])
+            }
+        }
+    }
+
+    /// The features flattened to `[N, D]` (a map in C, H, W order, as PyTorch's `flatten`).
+    pub fn into_flat(self) -> Tensor<2> {
+        match self {
+            Self::Map(x) => x.flatten(1, 3),
+            Self::Flat(x) => x,
+        }
+    }
+
+    /// One vector per sample for representation similarity: feature maps are averaged over
+    /// space (`[N, C]`), flat features are kept.
+    pub fn pooled(self) -> Tensor<2> {
+        match self {
+            Self::Map(x) => {
+                let [n, c, h, w] = x.dims();
+                x.reshape([n, c, h * w]).mean_dim(2).reshape([n, c])
+            }
+            Self::Flat(x) => x,
+        }
+    }
+
+    /// Detaches the features from the autodiff graph.
+    pub fn detach(self) -> Self {
+        match self {
+            Self::Map(x) => Self::Map(x.detach()),
+            Self::Flat(x) => Self::Flat(x.detach()),
+        }
+    }
+}
+
+/// A [`Classifier`] whose declared blocks can be run one at a time: what block-level model
+/// surgery (pFedClub's reassembly and stitching) needs.
+///
+/// Running every block in order on the images must give the same logits as
+/// [`Classifier::forward`] (and the last block's output is the logits).
+pub trait BlockForward: Classifier {
+    /// Runs block `index` (of [`Classifier::blocks`]) on `x`, which has that block's input
+    /// shape; returns features with its output shape.
+    ///
+    /// # Panics
+    /// If `index` is not a block of the model or `x` has the wrong shape.
+    fn forward_block(&self, index: usize, x: Features) -> Features;
+
+    /// Runs the blocks in order and returns every block's output (the inputs of block `i > 0`
+    /// are the outputs of block `i − 1`).
+    fn forward_all_blocks(&self, images: Tensor<4>) -> Vec<Features> {
+        let mut outputs: Vec<Features> = Vec::new();
+        let mut x = Features::Map(images);
+        for i in 0..self.blocks().len() {
+            x = self.forward_block(i, x);
+            outputs.push(x.clone());
+        }
+        outputs
+    }
+}

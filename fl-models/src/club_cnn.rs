@@ -6,8 +6,8 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{BatchNorm, Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
-use fl_core::Classifier;
 use fl_core::layers::BlockSpec;
+use fl_core::{BlockForward, Classifier, Features};
 
 use crate::common::{Dropout, block, bn, conv};
 
@@ -218,9 +218,21 @@ pub struct StackedCnn {
 
 impl Classifier for StackedCnn {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        let mut x = images;
-        for layer in &self.convs {
-            x = layer.conv.forward(x);
+        let blocks = self.convs.len() + self.fc.len();
+        (0..blocks)
+            .fold(Features::Map(images), |x, i| self.forward_block(i, x))
+            .into_flat()
+    }
+
+    fn blocks(&self) -> Vec<BlockSpec> {
+        self.block_specs.clone()
+    }
+}
+
+impl BlockForward for StackedCnn {
+    fn forward_block(&self, index: usize, x: Features) -> Features {
+        if let Some(layer) = self.convs.get(index) {
+            let mut x = layer.conv.forward(x.into_map());
             if let Some(bn) = &layer.bn {
                 x = bn.forward(x);
             }
@@ -228,22 +240,22 @@ impl Classifier for StackedCnn {
             if layer.pool {
                 x = self.pool.forward(x);
             }
+            // The last convolution block ends with the flatten, as its declared shape says.
+            return if index + 1 == self.convs.len() {
+                Features::Flat(x.flatten(1, 3))
+            } else {
+                Features::Map(x)
+            };
         }
-        let mut x: Tensor<2> = x.flatten(1, 3);
+        let i = index - self.convs.len();
         let last = self.fc.len() - 1;
-        for (i, fc) in self.fc.iter().enumerate() {
-            x = fc.forward(x);
-            if i < last {
-                x = relu(x);
-            }
-            if i == 0 && last > 0 {
-                x = self.dropout.forward(x);
-            }
+        let mut x = self.fc[i].forward(x.into_flat());
+        if i < last {
+            x = relu(x);
         }
-        x
-    }
-
-    fn blocks(&self) -> Vec<BlockSpec> {
-        self.block_specs.clone()
+        if i == 0 && last > 0 {
+            x = self.dropout.forward(x);
+        }
+        Features::Flat(x)
     }
 }

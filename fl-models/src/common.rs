@@ -1,7 +1,7 @@
 //! Building blocks shared by the models: convolution helpers, a deterministic dropout, shape
 //! arithmetic and block declarations.
 
-use burn::module::Module;
+use burn::module::{Flag, Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
 use burn::tensor::{Device, Tensor, TensorData};
@@ -73,12 +73,15 @@ pub(crate) fn check_input(model: &str, shape: [usize; 3], min: usize) {
 /// ([`fl_core::rng::with_forward_stream`]), so parallel clients stay deterministic.
 ///
 /// Like Burn's `Dropout`, it is active only on an autodiff device (local training) and the
-/// identity at evaluation. Surviving activations are scaled by `1 / (1 − p)`.
+/// identity at evaluation and once [frozen](Module::freeze). Surviving activations are scaled
+/// by `1 / (1 − p)`.
 #[derive(Module, Debug)]
 pub struct Dropout {
     /// Probability of zeroing an activation.
     #[module(skip)]
     pub prob: f64,
+    /// Cleared by [`Module::freeze`] (a frozen block must be a fixed function).
+    pub training: Param<Flag>,
 }
 
 impl Dropout {
@@ -88,13 +91,16 @@ impl Dropout {
             (0.0..1.0).contains(&prob),
             "dropout probability must be in [0, 1), got {prob}"
         );
-        Self { prob }
+        Self {
+            prob,
+            training: Param::from_bool(true),
+        }
     }
 
     /// Applies the mask during training; the identity otherwise.
     pub fn forward<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
         let device = input.device();
-        if self.prob == 0.0 || !device.is_autodiff() {
+        if self.prob == 0.0 || !device.is_autodiff() || !self.training.is_enabled() {
             return input;
         }
         let shape = input.shape();

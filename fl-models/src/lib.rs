@@ -11,6 +11,7 @@ mod common;
 mod mobilenet;
 mod resnet;
 mod vgg;
+mod zoo;
 
 pub use club_cnn::{ConvLayer, ConvLayerSpec, StackedCnn, StackedCnnConfig};
 pub use cnn::{Cnn, CnnConfig};
@@ -19,6 +20,7 @@ pub use common::Dropout;
 pub use mobilenet::{Activation, ConvBnAct, MobileNet, MobileNetConfig, MobileUnit, SqueezeExcite};
 pub use resnet::{BasicBlock, PreActBottleneck, ResNet20, ResNet20Ref, ResNetConfig};
 pub use vgg::{ConvBnUnit, Vgg16, Vgg16Config};
+pub use zoo::{ModelZoo, NotInZoo, ZooModel};
 
 use std::str::FromStr;
 

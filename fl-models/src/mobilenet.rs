@@ -6,8 +6,8 @@ use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
 use burn::nn::{BatchNorm, Linear, LinearConfig};
 use burn::tensor::activation::{hard_sigmoid, hard_swish, relu, relu6};
 use burn::tensor::{Device, Tensor};
-use fl_core::Classifier;
 use fl_core::layers::BlockSpec;
+use fl_core::{BlockForward, Classifier, Features};
 
 use crate::common::{Dropout, block, bn, check_input, conv, out_size};
 
@@ -406,28 +406,46 @@ impl MobileNetConfig {
 
 impl Classifier for MobileNet {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        let mut x = self.stem.forward(images);
-        for unit in &self.units {
-            x = unit.forward(x);
-        }
-        if let Some(head) = &self.head {
-            x = head.forward(x);
-        }
-        let mut x: Tensor<2> = self.pool.forward(x).flatten(1, 3);
-        let last = self.fc.len() - 1;
-        for (i, fc) in self.fc.iter().enumerate() {
-            if i == last {
-                x = self.dropout.forward(x);
-            }
-            x = fc.forward(x);
-            if i < last {
-                x = self.hidden_act.apply(x);
-            }
-        }
-        x
+        let blocks = 1 + self.units.len() + usize::from(self.head.is_some()) + self.fc.len();
+        (0..blocks)
+            .fold(Features::Map(images), |x, i| self.forward_block(i, x))
+            .into_flat()
     }
 
     fn blocks(&self) -> Vec<BlockSpec> {
         self.block_specs.clone()
+    }
+}
+
+impl BlockForward for MobileNet {
+    fn forward_block(&self, index: usize, x: Features) -> Features {
+        // Blocks: stem, units…, head (if any), fc1 (with the global pooling), fc2…
+        if index == 0 {
+            return Features::Map(self.stem.forward(x.into_map()));
+        }
+        let mut i = index - 1;
+        if let Some(unit) = self.units.get(i) {
+            return Features::Map(unit.forward(x.into_map()));
+        }
+        i -= self.units.len();
+        if let Some(head) = &self.head {
+            if i == 0 {
+                return Features::Map(head.forward(x.into_map()));
+            }
+            i -= 1;
+        }
+        let mut x = match x {
+            Features::Map(map) if i == 0 => self.pool.forward(map).flatten(1, 3),
+            x => x.into_flat(),
+        };
+        let last = self.fc.len() - 1;
+        if i == last {
+            x = self.dropout.forward(x);
+        }
+        x = self.fc[i].forward(x);
+        if i < last {
+            x = self.hidden_act.apply(x);
+        }
+        Features::Flat(x)
     }
 }
