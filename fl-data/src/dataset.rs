@@ -131,6 +131,27 @@ impl Dataset {
         (pixels, labels)
     }
 
+    /// The samples of `self` followed by those of `other` (same image shape and classes), e.g.
+    /// to pool a dataset's training and test sets before a custom split.
+    pub fn concat(&self, other: &Self) -> Result<Self, DataError> {
+        if self.image_shape() != other.image_shape() || self.num_classes != other.num_classes {
+            return Err(DataError::corrupt(
+                "<dataset>",
+                format!(
+                    "cannot pool {:?} images of {} classes with {:?} images of {} classes",
+                    self.image_shape(),
+                    self.num_classes,
+                    other.image_shape(),
+                    other.num_classes
+                ),
+            ));
+        }
+        let mut pooled = self.clone();
+        pooled.images.extend_from_slice(&other.images);
+        pooled.labels.extend_from_slice(&other.labels);
+        Ok(pooled)
+    }
+
     /// Splits off the samples at `indices` into a new dataset (used for the embedded copy).
     pub fn subset(&self, indices: &[usize]) -> Self {
         let mut images = Vec::with_capacity(indices.len() * self.image(0).len());

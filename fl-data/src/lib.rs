@@ -9,7 +9,8 @@
 //! - [`image_folder`]: users' own PNG/JPEG images in class folders.
 //! - [`femnist`]: FEMNIST in LEAF's JSON, with its natural one-client-per-writer partition.
 //! - [`source`]: which files to read (`--data-dir`, `$FL_DATA_DIR`, system paths, embedded copy).
-//! - [`partition`]: IID and Dirichlet label partitions with feasibility checks.
+//! - [`partition`]: IID, Dirichlet and pathological label partitions with feasibility checks.
+//! - [`PersonalSplit`]: public set plus per-client train/test portions (personalised FL).
 
 pub mod cifar;
 mod dataset;
@@ -18,9 +19,11 @@ pub mod femnist;
 pub mod idx;
 pub mod image_folder;
 pub mod partition;
+mod personal;
 pub mod source;
 
 pub use dataset::{Dataset, FederatedDataset, Normalization};
 pub use error::DataError;
 pub use partition::{Partition, PartitionScheme};
+pub use personal::PersonalSplit;
 pub use source::{DatasetKind, load_dataset};
