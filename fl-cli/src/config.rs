@@ -576,6 +576,7 @@ impl RunConfig {
                 lr: self.lr,
                 momentum: self.momentum,
                 weight_decay: self.weight_decay,
+                optimizer: fl_core::trainer::LocalOptimizer::Sgd,
             },
         }
     }

@@ -3,7 +3,7 @@
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
-use burn::optim::{GradientsParams, SgdConfig};
+use burn::optim::{AdamConfig, GradientsParams, SgdConfig};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use fl_data::{Dataset, Normalization};
 use rand::seq::SliceRandom;
@@ -25,6 +25,20 @@ pub struct TrainConfig {
     pub momentum: f64,
     /// L2 weight decay added to the gradient (0 disables it).
     pub weight_decay: f64,
+    /// The local optimiser (SGD unless a method says otherwise, e.g. pFedClub's Adam).
+    #[serde(default)]
+    pub optimizer: LocalOptimizer,
+}
+
+/// Which optimiser local training uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalOptimizer {
+    /// SGD with [`TrainConfig::momentum`] (dampening 0, as PyTorch).
+    #[default]
+    Sgd,
+    /// Adam with PyTorch's defaults (β = 0.9, 0.999, ε = 1e-8); `momentum` is ignored.
+    Adam,
 }
 
 impl Default for TrainConfig {
@@ -35,6 +49,7 @@ impl Default for TrainConfig {
             lr: 0.01,
             momentum: 0.5,
             weight_decay: 0.0,
+            optimizer: LocalOptimizer::Sgd,
         }
     }
 }
@@ -72,7 +87,23 @@ impl TrainConfig {
 pub trait LocalObjective: Send + Sync {
     /// The term to add for the model whose (autodiff-tracked) parameters are `params`;
     /// `start` is the table the client received this round. `None` adds nothing.
-    fn extra_loss(&self, params: &ParamTable, start: &ParamTable) -> Option<Tensor<1>>;
+    fn extra_loss(&self, params: &ParamTable, start: &ParamTable) -> Option<Tensor<1>> {
+        let _ = (params, start);
+        None
+    }
+
+    /// A term that depends on the batch: `images` is the mini-batch and `logits` the model's
+    /// (tracked) output on it, e.g. a distillation loss against a teacher. `None` adds nothing.
+    fn batch_loss(&self, images: &Tensor<4>, logits: &Tensor<2>) -> Option<Tensor<1>> {
+        let _ = (images, logits);
+        None
+    }
+
+    /// Whether [`extra_loss`](Self::extra_loss) is used (it needs the parameters as a table at
+    /// every step, which has a cost).
+    fn uses_parameters(&self) -> bool {
+        true
+    }
 }
 
 /// What a client sends back after local training.
@@ -183,16 +214,21 @@ fn train_steps<M: Classifier>(
 ) -> Result<LocalUpdate, TrainError> {
     let mut model = task.start.load_into(task.template)?;
     let device = model_device(&model);
-    let mut optim = SgdConfig::new()
-        .with_momentum((cfg.momentum > 0.0).then(|| {
-            MomentumConfig::new()
-                .with_momentum(cfg.momentum)
-                .with_dampening(0.0)
-        }))
-        .with_weight_decay(
-            (cfg.weight_decay > 0.0).then(|| WeightDecayConfig::new(cfg.weight_decay as f32)),
-        )
-        .init();
+    let decay = (cfg.weight_decay > 0.0).then(|| WeightDecayConfig::new(cfg.weight_decay as f32));
+    let mut optim = match cfg.optimizer {
+        LocalOptimizer::Sgd => SgdConfig::new()
+            .with_momentum((cfg.momentum > 0.0).then(|| {
+                MomentumConfig::new()
+                    .with_momentum(cfg.momentum)
+                    .with_dampening(0.0)
+            }))
+            .with_weight_decay(decay)
+            .init(),
+        LocalOptimizer::Adam => AdamConfig::new()
+            .with_epsilon(1e-8)
+            .with_weight_decay(decay)
+            .init(),
+    };
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut rng = rng_for(
         task.seed,
@@ -208,11 +244,16 @@ fn train_steps<M: Classifier>(
         let mut epoch_losses: Vec<Tensor<1>> = Vec::new();
         for batch in order.chunks(cfg.batch_size) {
             let (images, labels) = make_batch(task.data, task.norm, batch, &device);
-            let logits = model.forward(images);
-            let mut loss = loss_fn.forward(logits, labels);
+            let logits = model.forward(images.clone());
+            let mut loss = loss_fn.forward(logits.clone(), labels);
             if let Some(objective) = task.objective {
-                let params = ParamTable::from_module_tracked(&model);
-                if let Some(extra) = objective.extra_loss(&params, &task.start) {
+                if objective.uses_parameters() {
+                    let params = ParamTable::from_module_tracked(&model);
+                    if let Some(extra) = objective.extra_loss(&params, &task.start) {
+                        loss = loss + extra;
+                    }
+                }
+                if let Some(extra) = objective.batch_loss(&images, &logits) {
                     loss = loss + extra;
                 }
             }
@@ -251,11 +292,23 @@ pub fn evaluate<M: Classifier>(
     norm: &Normalization,
     batch_size: usize,
 ) -> (f64, f64) {
+    let all: Vec<usize> = (0..data.len()).collect();
+    evaluate_on(model, data, norm, &all, batch_size)
+}
+
+/// Accuracy and mean cross-entropy of `model` on the samples `indices` of `data` (a client's
+/// own test portion in personalised FL); see [`evaluate`].
+pub fn evaluate_on<M: Classifier>(
+    model: &M,
+    data: &Dataset,
+    norm: &Normalization,
+    indices: &[usize],
+    batch_size: usize,
+) -> (f64, f64) {
     use rayon::prelude::*;
     let model = model.valid();
     let device = model_device(&model);
-    let all: Vec<usize> = (0..data.len()).collect();
-    let per_batch: Vec<(f64, i64)> = all
+    let per_batch: Vec<(f64, i64)> = indices
         .par_chunks(batch_size.max(1))
         .map(|batch| {
             let loss_fn = CrossEntropyLossConfig::new().init(&device);
@@ -269,7 +322,7 @@ pub fn evaluate<M: Classifier>(
             (loss * batch.len() as f64, correct)
         })
         .collect();
-    let n = data.len().max(1) as f64;
+    let n = indices.len().max(1) as f64;
     let loss: f64 = per_batch.iter().map(|(l, _)| l).sum();
     let correct: i64 = per_batch.iter().map(|(_, c)| c).sum();
     (correct as f64 / n, loss / n)
