@@ -2,7 +2,8 @@
 //! uploads. A strategy never trains and never touches files; it speaks in [`ParamTable`]s.
 //!
 //! One algorithm, one file: [`fedavg`], [`fedmr`], [`fedcross`], and the baselines [`fedprox`],
-//! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`].
+//! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`]; and [`pfedclub`], personalised FL over
+//! heterogeneous models, with its own round loop.
 
 pub mod fedavg;
 pub mod fedavgm;
@@ -11,6 +12,7 @@ pub mod fedexp;
 pub mod fedmr;
 pub mod fedmut;
 pub mod fedprox;
+pub mod pfedclub;
 pub mod scaffold;
 
 pub use fedavg::FedAvg;
