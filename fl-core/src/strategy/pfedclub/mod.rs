@@ -129,8 +129,7 @@ impl ClubConfig {
         if s.batch_size == 0 || s.epochs == 0 {
             return Err("stitch epochs and batch size must be at least 1".into());
         }
-        if !(s.lr.is_finite() && s.lr > 0.0) || !(s.temperature.is_finite() && s.temperature > 0.0)
-        {
+        if !(s.lr.is_finite() && s.lr > 0.0 && s.temperature.is_finite() && s.temperature > 0.0) {
             return Err("stitch learning rate and temperature must be positive".into());
         }
         Ok(())
