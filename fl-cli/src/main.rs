@@ -6,6 +6,7 @@ mod config;
 mod landscape;
 mod log;
 mod partition;
+mod personal;
 mod plot;
 mod report;
 mod run;
@@ -96,6 +97,15 @@ enum Command {
         /// ε of the step-size rule (default 0.001).
         #[arg(long)]
         epsilon: Option<f64>,
+    },
+    /// pFedClub (Wang et al. 2024): personalised FL over heterogeneous model zoos by block
+    /// substitution; also pFedHR-style reassembly, FedAvg per architecture and local training
+    /// (`--variant`), and the paper's ablations.
+    Pfedclub {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        #[command(flatten)]
+        club: personal::ClubArgs,
     },
     /// FedMut (Hu et al. 2024): the global model is mutated into K models along its last update.
     Fedmut {
@@ -257,6 +267,7 @@ fn main() -> ExitCode {
                 ..Default::default()
             },
         ),
+        Command::Pfedclub { args, club } => personal::pfedclub(&args, &club),
         Command::Fedmut {
             args,
             mut_radius,

@@ -130,7 +130,6 @@ impl StackedCnnConfig {
     pub fn init(&self, device: &Device) -> StackedCnn {
         let [c, mut h, mut w] = self.input_shape;
         let (mut convs, mut specs, mut input) = (Vec::new(), Vec::new(), c);
-        let last = self.convs.len().saturating_sub(1);
         for (i, l) in self.convs.iter().enumerate() {
             assert!(l.channels > 0 && l.kernel % 2 == 1, "bad conv layer {l:?}");
             let (h2, w2) = if l.pool { (h / 2, w / 2) } else { (h, w) };
@@ -140,11 +139,7 @@ impl StackedCnnConfig {
                 self.input_shape,
                 self.convs.iter().filter(|l| l.pool).count()
             );
-            let out_shape = if i == last {
-                vec![l.channels * h2 * w2]
-            } else {
-                vec![l.channels, h2, w2]
-            };
+            let out_shape = vec![l.channels, h2, w2];
             specs.push(block(
                 format!("conv{}", i + 1),
                 &[format!("convs.{i}")],
@@ -174,10 +169,16 @@ impl StackedCnnConfig {
             .windows(2)
             .enumerate()
             .map(|(i, io)| {
+                // FC1 takes the last feature map and flattens it (C, H, W order).
+                let input_shape = if i == 0 {
+                    vec![input, h, w]
+                } else {
+                    vec![io[0]]
+                };
                 specs.push(block(
                     format!("fc{}", i + 1),
                     &[format!("fc.{i}")],
-                    vec![io[0]],
+                    input_shape,
                     vec![io[1]],
                 ));
                 LinearConfig::new(io[0], io[1]).init(device)
@@ -240,12 +241,7 @@ impl BlockForward for StackedCnn {
             if layer.pool {
                 x = self.pool.forward(x);
             }
-            // The last convolution block ends with the flatten, as its declared shape says.
-            return if index + 1 == self.convs.len() {
-                Features::Flat(x.flatten(1, 3))
-            } else {
-                Features::Map(x)
-            };
+            return Features::Map(x);
         }
         let i = index - self.convs.len();
         let last = self.fc.len() - 1;
