@@ -14,6 +14,8 @@ use crate::{MobileNet, MobileNetConfig, ModelKind, StackedCnn, StackedCnnConfig}
 ///
 /// Tensor paths carry the variant name (`Stacked.convs.0.conv.weight`), as Burn's enum modules
 /// do; [`blocks`](Classifier::blocks) accounts for it.
+// Burn's enum modules need the variants inline (no `Box`); the size difference is harmless.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum ZooModel {
     /// CNN1–CNN4.
