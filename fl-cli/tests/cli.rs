@@ -932,3 +932,85 @@ fn partition_heat_map_and_csv() {
         stderr(&o)
     );
 }
+
+#[test]
+fn pfedclub_variants_run_on_fashion_mnist_and_bad_flags_are_errors() {
+    let dir = tmp();
+    let base = |out: &Path, extra: &[&str]| -> Vec<String> {
+        [
+            "pfedclub",
+            "--clients",
+            "5",
+            "--sample",
+            "2",
+            "--rounds",
+            "2",
+            "--local-epochs",
+            "1",
+            "--max-samples",
+            "1000",
+            "--cka-samples",
+            "32",
+            "--candidates",
+            "2",
+            "--public-samples",
+            "48",
+            "--quiet",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .chain(["--out".to_string(), out.display().to_string()])
+        .collect()
+    };
+    let club = dir.path().join("club");
+    run_ok(&base(
+        &club,
+        &["--size-limit", "0.5", "--public", "unlabeled"],
+    ));
+    let rounds = metrics(&club);
+    assert_eq!(rounds.len(), 2);
+    for m in &rounds {
+        let acc = m["test_acc"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&acc));
+        assert_eq!(m["client_acc"].as_array().unwrap().len(), 5);
+    }
+    let clients: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(club.join("clients.json")).unwrap()).unwrap();
+    for c in clients.as_array().unwrap() {
+        if let Some(phi) = c["phi"].as_f64() {
+            assert!(phi <= 0.5 + 1e-9, "size limit violated: {phi}");
+        }
+    }
+    let manifest = std::fs::read_to_string(club.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"cnn4\""), "{manifest}");
+    for variant in ["pfedhr", "fedavg", "local"] {
+        let out = dir.path().join(variant);
+        run_ok(&base(&out, &["--variant", variant]));
+        assert_eq!(metrics(&out).len(), 2, "{variant}");
+    }
+    // `fl compare` reads personalised runs like any other.
+    let o = fl(&[
+        "compare",
+        club.to_str().unwrap(),
+        dir.path().join("fedavg").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    for (flags, message) in [
+        (vec!["--size-limit=-1"], "size limit"),
+        (vec!["--groups", "0"], "groups"),
+        (vec!["--zoo", "IV"], "zoo"),
+        (vec!["--classes-per-client", "1"], "cover"),
+        (vec!["--public-fraction", "1.5"], "fraction"),
+    ] {
+        let o = fl(&base(&dir.path().join("bad"), &flags)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>());
+        assert!(!o.status.success(), "{flags:?} should fail");
+        let err = stderr(&o);
+        assert!(err.contains(message), "{flags:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -174,6 +174,10 @@ pub struct PersonalSummary {
 
 /// One personalised simulation. `make_model(client)` builds client `client`'s architecture on
 /// an autodiff device (its weights are replaced, except at initialisation).
+///
+/// Client models are initialised from the device's generator seeded per client; Burn's
+/// generator is process-wide, so nothing else should build models while [`run`](Self::run)
+/// starts. After that, results do not depend on the thread count.
 pub struct PersonalSimulation<'a, M: BlockForward> {
     /// Builds a client's model.
     pub make_model: &'a (dyn Fn(usize) -> M + Sync),
