@@ -9,7 +9,9 @@ use federated::core::strategy::pfedclub::cmsr::BlockRef;
 use federated::core::strategy::pfedclub::stitch::{
     StitchTraining, Stitches, fit_stitches, forward_candidate, stitch_shapes,
 };
-use federated::core::strategy::pfedclub::{ClubConfig, PersonalData, PersonalSimulation};
+use federated::core::strategy::pfedclub::{
+    ClubConfig, PersonalData, PersonalSimulation, PersonalSummary,
+};
 use federated::core::trainer::{LocalOptimizer, TrainConfig, make_batch};
 use federated::core::{Classifier, RoundMetrics};
 use federated::data::source::synthetic;
@@ -96,6 +98,23 @@ fn stitched_candidates_run_and_only_the_stitches_train() {
 
 /// A small personalised run on synthetic data with Model Zoo III.
 fn run(club: ClubConfig, seed: u64, threads: usize) -> (Vec<RoundMetrics>, Vec<Option<f64>>) {
+    let summary = simulate(club, seed, threads, 2, None, false);
+    let rounds = summary
+        .rounds
+        .iter()
+        .map(RoundMetrics::without_timings)
+        .collect();
+    (rounds, summary.clients.iter().map(|c| c.phi).collect())
+}
+
+fn simulate(
+    club: ClubConfig,
+    seed: u64,
+    threads: usize,
+    rounds: usize,
+    out_dir: Option<std::path::PathBuf>,
+    resume: bool,
+) -> PersonalSummary {
     let shape = [1, 28, 28];
     let data = synthetic(640, shape, 10, 7);
     let split = PersonalSplit::new(
@@ -123,7 +142,7 @@ fn run(club: ClubConfig, seed: u64, threads: usize) -> (Vec<RoundMetrics>, Vec<O
         },
         config: EngineConfig {
             sample: 3,
-            rounds: 2,
+            rounds,
             eval_every: 1,
             seed,
             threads,
@@ -141,15 +160,9 @@ fn run(club: ClubConfig, seed: u64, threads: usize) -> (Vec<RoundMetrics>, Vec<O
             candidates: 2,
             ..club
         },
-        out_dir: None,
+        out_dir,
     };
-    let summary = sim.run(&mut |_| {}).unwrap();
-    let rounds = summary
-        .rounds
-        .iter()
-        .map(RoundMetrics::without_timings)
-        .collect();
-    (rounds, summary.clients.iter().map(|c| c.phi).collect())
+    sim.run(resume, &mut |_| {}).unwrap()
 }
 
 #[test]
@@ -177,4 +190,27 @@ fn personalised_runs_are_deterministic_and_respect_the_size_limit() {
     for p in phi.into_iter().flatten() {
         assert!(p <= eta + 1e-12, "pFedClub+ teacher grew by {p}");
     }
+}
+
+#[test]
+fn a_stopped_personalised_run_resumes_to_the_same_result() {
+    let _turn = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+    let root = std::env::temp_dir().join(format!("fl-pfedclub-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let strip = |s: PersonalSummary| -> Vec<RoundMetrics> {
+        s.rounds.iter().map(RoundMetrics::without_timings).collect()
+    };
+    let whole = strip(simulate(
+        ClubConfig::default(),
+        4,
+        2,
+        3,
+        Some(root.join("a")),
+        false,
+    ));
+    simulate(ClubConfig::default(), 4, 2, 2, Some(root.join("b")), false);
+    let resumed = simulate(ClubConfig::default(), 4, 2, 3, Some(root.join("b")), true);
+    assert_eq!(resumed.rounds.len(), 3, "history kept");
+    assert_eq!(whole, strip(resumed));
+    let _ = std::fs::remove_dir_all(&root);
 }

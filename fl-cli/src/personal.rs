@@ -16,7 +16,8 @@ use crate::backend;
 use crate::config::{RunArgs, RunConfig};
 
 /// Which server algorithm `fl pfedclub` runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Variant {
     /// pFedClub: controllable search (order constraint, completion) and stitching.
     Pfedclub,
@@ -137,6 +138,18 @@ impl ClubArgs {
     }
 }
 
+/// Everything about a personalised run that is not in `config.toml` (saved as `setup.json`,
+/// read back by `--resume`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Setup {
+    variant: Variant,
+    zoo: ModelZoo,
+    club: ClubConfig,
+    public_fraction: f64,
+    test_fraction: f64,
+    max_samples: Option<usize>,
+}
+
 /// The shared flags with pFedClub's defaults where the user gave none: 50 clients, 5 per round,
 /// 10 local epochs of Adam at lr 0.001, 2 classes per client.
 fn with_paper_defaults(args: &RunArgs) -> RunArgs {
@@ -155,26 +168,52 @@ fn with_paper_defaults(args: &RunArgs) -> RunArgs {
 
 /// `fl pfedclub`.
 pub fn pfedclub(args: &RunArgs, flags: &ClubArgs) -> anyhow::Result<()> {
-    if args.resume.is_some() || args.seeds.is_some() {
-        bail!("fl pfedclub does not support --resume or --seeds yet; run one seed at a time");
+    if args.seeds.is_some() {
+        bail!("fl pfedclub does not support --seeds yet; run one seed at a time");
     }
-    let mut cfg = RunConfig::resolve("pfedclub", &with_paper_defaults(args))?;
-    let variant = flags.variant;
-    cfg.algorithm = match variant {
-        Variant::Pfedclub => "pfedclub",
-        Variant::Pfedhr => "pfedhr",
-        Variant::Fedavg => "fedavg-per-arch",
-        Variant::Local => "local",
-    }
-    .into();
-    cfg.model = format!("zoo-{:?}", flags.zoo).to_lowercase();
-    let club = flags.club();
+    let read = |dir: &std::path::Path, name: &str| {
+        let path = dir.join(name);
+        std::fs::read_to_string(&path)
+            .with_context(|| format!("{} is not a pfedclub run directory", dir.display()))
+    };
+    let (cfg, setup) = if let Some(dir) = &args.resume {
+        let mut cfg: RunConfig = toml::from_str(&read(dir, "config.toml")?)
+            .with_context(|| format!("invalid {}", dir.join("config.toml").display()))?;
+        let setup: Setup = serde_json::from_str(&read(dir, "setup.json")?)
+            .with_context(|| format!("invalid {}", dir.join("setup.json").display()))?;
+        if let Some(rounds) = args.rounds {
+            cfg.rounds = rounds;
+        }
+        cfg.out = Some(dir.clone());
+        (cfg, setup)
+    } else {
+        let mut cfg = RunConfig::resolve("pfedclub", &with_paper_defaults(args))?;
+        cfg.algorithm = match flags.variant {
+            Variant::Pfedclub => "pfedclub",
+            Variant::Pfedhr => "pfedhr",
+            Variant::Fedavg => "fedavg-per-arch",
+            Variant::Local => "local",
+        }
+        .into();
+        cfg.model = format!("zoo-{:?}", flags.zoo).to_lowercase();
+        let setup = Setup {
+            variant: flags.variant,
+            zoo: flags.zoo,
+            club: flags.club(),
+            public_fraction: flags.public_fraction,
+            test_fraction: flags.test_fraction,
+            max_samples: flags.max_samples,
+        };
+        (cfg, setup)
+    };
+    let resume = args.resume.is_some();
+    let club = setup.club.clone();
     club.validate().map_err(anyhow::Error::msg)?;
 
     let data = load_dataset(cfg.dataset_kind()?, cfg.data_dir.as_deref())?;
     // pFedClub splits all samples (training and test sets pooled) 72/20/8.
     let mut pooled = data.train.concat(&data.test)?;
-    if let Some(max) = flags.max_samples {
+    if let Some(max) = setup.max_samples {
         if max < 2 {
             bail!("--max-samples must be at least 2");
         }
@@ -199,47 +238,50 @@ pub fn pfedclub(args: &RunArgs, flags: &ClubArgs) -> anyhow::Result<()> {
         pooled.labels(),
         pooled.num_classes(),
         cfg.clients,
-        flags.public_fraction,
-        flags.test_fraction,
+        setup.public_fraction,
+        setup.test_fraction,
         cfg.seed,
     )?;
-    let kinds = flags.zoo.assign(cfg.clients);
+    let kinds = setup.zoo.assign(cfg.clients);
     let out = cfg.out_dir();
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    if out.join(fl_core::engine::files::METRICS).exists() {
+    if !resume && out.join(fl_core::engine::files::METRICS).exists() {
         bail!(
-            "{} already holds a run; choose another --out",
+            "{} already holds a run; continue it with --resume {} or choose another --out",
+            out.display(),
             out.display()
         );
     }
-    let write = |name: &str, text: String| {
-        let path = out.join(name);
-        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
-    };
-    write(
-        "config.toml",
-        toml::to_string(&cfg).context("serialising the config")?,
-    )?;
-    let manifest = serde_json::json!({
-        "fl_version": env!("CARGO_PKG_VERSION"),
-        "git_hash": option_env!("FL_GIT_HASH").unwrap_or("unknown"),
-        "backend": backend::name(),
-        "dataset": data.name,
-        "dataset_origin": data.origin,
-        "variant": variant,
-        "zoo": flags.zoo,
-        "architectures": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
-        "club": club,
-        "public_fraction": flags.public_fraction,
-        "test_fraction": flags.test_fraction,
-        "max_samples": flags.max_samples,
-        "command": std::env::args().collect::<Vec<_>>(),
-    });
-    write(
-        "manifest.json",
-        serde_json::to_string_pretty(&manifest).expect("json"),
-    )?;
-    write("split.json", serde_json::to_string(&split).expect("json"))?;
+    if !resume {
+        let write = |name: &str, text: String| {
+            let path = out.join(name);
+            std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+        };
+        write(
+            "config.toml",
+            toml::to_string(&cfg).context("serialising the config")?,
+        )?;
+        write(
+            "setup.json",
+            serde_json::to_string_pretty(&setup).expect("json"),
+        )?;
+        let manifest = serde_json::json!({
+            "fl_version": env!("CARGO_PKG_VERSION"),
+            "git_hash": option_env!("FL_GIT_HASH").unwrap_or("unknown"),
+            "backend": backend::name(),
+            "seed": cfg.seed,
+            "dataset": data.name,
+            "dataset_origin": data.origin,
+            "pooled_samples": pooled.len(),
+            "architectures": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
+            "command": std::env::args().collect::<Vec<_>>(),
+        });
+        write(
+            "manifest.json",
+            serde_json::to_string_pretty(&manifest).expect("json"),
+        )?;
+        write("split.json", serde_json::to_string(&split).expect("json"))?;
+    }
 
     let device = backend::device();
     eprintln!("backend: {} ({:?})", backend::name(), device);
@@ -279,7 +321,7 @@ pub fn pfedclub(args: &RunArgs, flags: &ClubArgs) -> anyhow::Result<()> {
         }
         tracing::info!(round = m.round, test_acc = ?m.test_acc, "round done");
     };
-    let summary = sim.run(&mut on_round)?;
+    let summary = sim.run(resume, &mut on_round)?;
     bar.finish_and_clear();
     if !quiet && let Some(last) = summary.rounds.iter().rev().find_map(|m| m.test_acc) {
         println!(

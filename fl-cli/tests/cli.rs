@@ -984,6 +984,18 @@ fn pfedclub_variants_run_on_fashion_mnist_and_bad_flags_are_errors() {
     }
     let manifest = std::fs::read_to_string(club.join("manifest.json")).unwrap();
     assert!(manifest.contains("\"cnn4\""), "{manifest}");
+    // Continue the run for one more round from its checkpoint and setup.
+    let o = fl(&[
+        "pfedclub",
+        "--resume",
+        club.to_str().unwrap(),
+        "--rounds",
+        "3",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(metrics(&club).len(), 3);
+    assert_eq!(metrics(&club)[..2], rounds[..]);
     for variant in ["pfedhr", "fedavg", "local"] {
         let out = dir.path().join(variant);
         run_ok(&base(&out, &["--variant", variant]));

@@ -90,6 +90,17 @@ pub fn load(
     layout_of: &ParamTable,
     device: &Device,
 ) -> Result<Checkpoint, CheckpointError> {
+    load_with(path, device, &|_, _| Ok(layout_of.clone()))
+}
+
+/// Reads a checkpoint whose tables have different layouts: `layout_of(slot, extra)` gives a
+/// table with slot `slot`'s layout (`extra` is the checkpoint's JSON state) or says why there is
+/// none.
+pub fn load_with(
+    path: &Path,
+    device: &Device,
+    layout_of: &dyn Fn(usize, &serde_json::Value) -> Result<ParamTable, String>,
+) -> Result<Checkpoint, CheckpointError> {
     let p = path.display().to_string();
     let corrupt = |problem: String| CheckpointError::Corrupt {
         path: p.clone(),
@@ -121,8 +132,9 @@ pub fn load(
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let mut tables = Vec::with_capacity(slots);
     for slot in 0..slots {
+        let layout = layout_of(slot, &extra).map_err(&corrupt)?;
         let mut named = HashMap::new();
-        for info in layout_of.layout().tensors() {
+        for info in layout.layout().tensors() {
             let key = format!("{slot}/{}", info.name);
             let view = st
                 .tensor(&key)
@@ -138,7 +150,7 @@ pub fn load(
             named.insert(info.name.clone(), values);
         }
         tables.push(
-            layout_of
+            layout
                 .from_named_host(named, device)
                 .map_err(|e| corrupt(e.to_string()))?,
         );

@@ -195,7 +195,26 @@ pub struct PersonalSimulation<'a, M: BlockForward> {
 struct Assigned<M> {
     teacher: Arc<Teacher<M>>,
     bytes: usize,
+    /// The round the teacher was made in and the clients whose uploads its models are (in
+    /// the order of `teacher.models`): what a checkpoint needs to rebuild it.
+    round: usize,
+    sources: Vec<usize>,
 }
+
+/// The loop's state between rounds, as saved in a checkpoint (tables separately).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct SavedState {
+    rounds_trained: Vec<usize>,
+    phis: Vec<Vec<f64>>,
+    accuracy: Vec<Option<(f64, f64)>>,
+    /// The distinct teacher source models, as (round, client) of their upload.
+    sources: Vec<(usize, usize)>,
+    /// Per client: indices into `sources` and the parts of its teacher, if any.
+    teachers: Vec<Option<(Vec<usize>, Vec<BlockRef>)>>,
+}
+
+/// The name checkpoints of personalised runs carry.
+const CHECKPOINT_NAME: &str = "pfedclub";
 
 /// The server's answer for one uploaded model.
 struct Matched<M> {
@@ -249,9 +268,11 @@ impl<M: BlockForward> PersonalSimulation<'_, M> {
         Ok(())
     }
 
-    /// Runs the simulation; `on_round` sees every round's metrics.
+    /// Runs the simulation (or, with `resume`, continues it from the checkpoint in `out_dir`);
+    /// `on_round` sees every round's metrics.
     pub fn run(
         &self,
+        resume: bool,
         on_round: &mut dyn FnMut(&RoundMetrics),
     ) -> Result<PersonalSummary, EngineError> {
         self.validate()?;
@@ -278,30 +299,44 @@ impl<M: BlockForward> PersonalSimulation<'_, M> {
             ));
         }
 
+        let mut teachers: Vec<Option<Assigned<M>>> = (0..n).map(|_| None).collect();
+        let mut phis: Vec<Vec<f64>> = vec![Vec::new(); n];
+        let mut rounds_trained = vec![0usize; n];
+        let mut accuracy: Vec<Option<(f64, f64)>> = vec![None; n];
+        let mut history = Vec::new();
+        let mut start_round = 1;
         if let Some(dir) = &self.out_dir {
             std::fs::create_dir_all(dir).map_err(|source| EngineError::Io {
                 path: dir.clone(),
                 source,
             })?;
+            let ckpt = dir.join(files::CHECKPOINT);
+            if resume && ckpt.exists() {
+                let (round, state) = self.restore(&ckpt, &mut tables, &mut teachers, &specs)?;
+                (rounds_trained, phis, accuracy) =
+                    (state.rounds_trained, state.phis, state.accuracy);
+                start_round = round + 1;
+                history = crate::engine::read_metrics(&dir.join(files::METRICS), round)?;
+            }
             let path = dir.join(files::METRICS);
-            std::fs::write(&path, "").map_err(|source| EngineError::Io { path, source })?;
+            let mut text = String::new();
+            for m in &history {
+                text.push_str(&serde_json::to_string(m).expect("metrics serialise"));
+                text.push('\n');
+            }
+            std::fs::write(&path, text).map_err(|source| EngineError::Io { path, source })?;
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(cfg.threads)
             .build()
             .map_err(|e| EngineError::Config(format!("thread pool: {e}")))?;
 
-        let mut teachers: Vec<Option<Assigned<M>>> = (0..n).map(|_| None).collect();
-        let mut phis: Vec<Vec<f64>> = vec![Vec::new(); n];
-        let mut rounds_trained = vec![0usize; n];
-        let mut accuracy: Vec<Option<(f64, f64)>> = vec![None; n];
-        let mut history = Vec::new();
         let public = match self.club.public_samples {
             Some(k) => &split.public[..k.min(split.public.len())],
             None => &split.public[..],
         };
 
-        for round in 1..=cfg.rounds {
+        for round in start_round..=cfg.rounds {
             let mut rng = rng_for(cfg.seed, Purpose::Sampling, round as u64, 0);
             let clients = rand::seq::index::sample(&mut rng, n, cfg.sample).into_vec();
             let bytes_down: usize = clients
@@ -459,6 +494,20 @@ impl<M: BlockForward> PersonalSimulation<'_, M> {
                     })?;
                 let line = serde_json::to_string(&metrics).expect("metrics serialise");
                 writeln!(f, "{line}").map_err(|source| EngineError::Io { path, source })?;
+                let state = SavedState {
+                    rounds_trained: rounds_trained.clone(),
+                    phis: phis.clone(),
+                    accuracy: accuracy.clone(),
+                    sources: Vec::new(),
+                    teachers: Vec::new(),
+                };
+                self.save(
+                    &dir.join(files::CHECKPOINT),
+                    round,
+                    &tables,
+                    &teachers,
+                    state,
+                )?;
             }
             on_round(&metrics);
             history.push(metrics);
@@ -484,6 +533,152 @@ impl<M: BlockForward> PersonalSimulation<'_, M> {
             rounds: history,
             clients: summaries,
         })
+    }
+
+    /// Writes the clients' models, their teachers and the loop state after `round`.
+    fn save(
+        &self,
+        path: &std::path::Path,
+        round: usize,
+        tables: &[ParamTable],
+        teachers: &[Option<Assigned<M>>],
+        mut state: SavedState,
+    ) -> Result<(), EngineError> {
+        let mut slots: Vec<ParamTable> = tables.to_vec();
+        let mut source_tables = Vec::new();
+        let mut stitch_tables = Vec::new();
+        for t in teachers {
+            let Some(t) = t else {
+                state.teachers.push(None);
+                continue;
+            };
+            let mut indices = Vec::new();
+            for (model, &client) in t.teacher.models.iter().zip(&t.sources) {
+                let key = (t.round, client);
+                let i = match state.sources.iter().position(|&s| s == key) {
+                    Some(i) => i,
+                    None => {
+                        state.sources.push(key);
+                        source_tables.push(ParamTable::from_module(model));
+                        state.sources.len() - 1
+                    }
+                };
+                indices.push(i);
+            }
+            stitch_tables.push(ParamTable::from_module(&t.teacher.stitches));
+            state
+                .teachers
+                .push(Some((indices, t.teacher.parts.clone())));
+        }
+        slots.extend(source_tables);
+        slots.extend(stitch_tables);
+        let extra = serde_json::to_value(&state).expect("state serialises");
+        let state = super::StrategyState {
+            tables: slots,
+            extra,
+        };
+        crate::checkpoint::save(path, round, CHECKPOINT_NAME, &state)?;
+        Ok(())
+    }
+
+    /// Reads a checkpoint written by [`save`](Self::save): replaces `tables` and `teachers`,
+    /// returns the round and the loop state.
+    fn restore(
+        &self,
+        path: &std::path::Path,
+        tables: &mut [ParamTable],
+        teachers: &mut [Option<Assigned<M>>],
+        specs: &[Vec<crate::layers::BlockSpec>],
+    ) -> Result<(usize, SavedState), EngineError> {
+        let n = tables.len();
+        let device = tables[0].device();
+        // Architectures do not change, so the initial tables give every block's size.
+        let block_params: Vec<Vec<usize>> = tables.iter().map(trainable_per_block).collect();
+        let shape = self.data.data.image_shape().to_vec();
+        let classes = self.data.data.num_classes();
+        let parse = |extra: &serde_json::Value| {
+            serde_json::from_value::<SavedState>(extra.clone()).map_err(|e| e.to_string())
+        };
+        let stitch_shapes_of = |state: &SavedState, t: usize| {
+            let (indices, parts) = state.teachers.iter().flatten().nth(t).expect("teacher");
+            let source_specs: Vec<_> = indices
+                .iter()
+                .map(|&i| specs[state.sources[i].1].clone())
+                .collect();
+            stitch_shapes(parts, &source_specs, &shape, classes)
+        };
+        let mut rng: ChaCha8Rng = rand::SeedableRng::seed_from_u64(0);
+        let layout = |slot: usize, extra: &serde_json::Value| -> Result<ParamTable, String> {
+            if slot < n {
+                return Ok(tables[slot].clone());
+            }
+            let state = parse(extra)?;
+            let s = slot - n;
+            if let Some(&(_, client)) = state.sources.get(s) {
+                return Ok(ParamTable::from_module(&(self.make_model)(client)));
+            }
+            let t = s - state.sources.len();
+            let shapes = stitch_shapes_of(&state, t);
+            let mut rng: ChaCha8Rng = rand::SeedableRng::seed_from_u64(0);
+            Ok(ParamTable::from_module(&Stitches::new(
+                &shapes, &mut rng, &device,
+            )))
+        };
+        let ckpt = crate::checkpoint::load_with(path, &device, &layout)?;
+        if ckpt.strategy != CHECKPOINT_NAME {
+            return Err(EngineError::Config(format!(
+                "checkpoint is from strategy '{}', not '{CHECKPOINT_NAME}'",
+                ckpt.strategy
+            )));
+        }
+        let state = parse(&ckpt.state.extra)
+            .map_err(|e| EngineError::Config(format!("checkpoint state: {e}")))?;
+        let mut slots = ckpt.state.tables.into_iter();
+        for table in tables.iter_mut() {
+            *table = slots.next().expect("client slots");
+        }
+        let sources: Vec<M> = state
+            .sources
+            .iter()
+            .map(|&(_, client)| {
+                let table = slots.next().expect("source slots");
+                Ok(table.load_into((self.make_model)(client))?.valid())
+            })
+            .collect::<Result<_, EngineError>>()?;
+        let mut t = 0;
+        for (client, saved) in state.teachers.iter().enumerate() {
+            let Some((indices, parts)) = saved else {
+                continue;
+            };
+            let shapes = stitch_shapes_of(&state, t);
+            t += 1;
+            let stitches = slots
+                .next()
+                .expect("stitch slots")
+                .load_into(Stitches::new(&shapes, &mut rng, &device))?
+                .valid();
+            let size: usize = parts
+                .iter()
+                .map(|p| block_params[state.sources[indices[p.model]].1][p.block])
+                .sum::<usize>()
+                + shapes
+                    .iter()
+                    .flatten()
+                    .map(|(a, b)| stitch::Stitch::num_params(a, b))
+                    .sum::<usize>();
+            teachers[client] = Some(Assigned {
+                teacher: Arc::new(Teacher {
+                    models: indices.iter().map(|&i| sources[i].clone()).collect(),
+                    parts: parts.clone(),
+                    stitches,
+                    weight: self.club.distill_weight,
+                }),
+                bytes: 4 * size,
+                round: state.sources[indices[0]].0,
+                sources: indices.iter().map(|&i| state.sources[i].1).collect(),
+            });
+        }
+        Ok((ckpt.round, state))
     }
 
     /// FedAvg within each architecture: the uploads of one architecture are averaged
@@ -701,6 +896,8 @@ impl<M: BlockForward> PersonalSimulation<'_, M> {
                     teacher: Some(Assigned {
                         teacher: Arc::new(teacher),
                         bytes: 4 * size,
+                        round,
+                        sources: used.iter().map(|&u| clients[u]).collect(),
                     }),
                     phi: Some((size as f64 - own_size) / own_size),
                     candidates: found.len(),
