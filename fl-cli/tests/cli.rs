@@ -664,7 +664,7 @@ fn write_femnist_fixture(root: &Path, writers: usize, per_writer: usize) {
 }
 
 #[test]
-fn cifar10_and_femnist_run_from_their_native_formats() {
+fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
     let dir = tmp();
     let cifar = dir.path().join("cifar");
     write_cifar10_fixture(&cifar, 40);
@@ -693,6 +693,40 @@ fn cifar10_and_femnist_run_from_their_native_formats() {
     let m = metrics(&out);
     // The 3-channel cnn: 62,006 parameters per model, 2 clients each way.
     assert_eq!(m[0]["bytes_down"], 2 * 62_006 * 4);
+
+    // SVHN's MATLAB files (compressed, as distributed), found in an `svhn/` subfolder.
+    let svhn = dir.path().join("data").join("svhn");
+    std::fs::create_dir_all(&svhn).unwrap();
+    for (file, n) in [("train_32x32.mat", 40), ("test_32x32.mat", 10)] {
+        let images: Vec<Vec<u8>> = (0..n)
+            .map(|i| (0..3072).map(|p| ((p * 13 + i * 29) % 256) as u8).collect())
+            .collect();
+        let labels: Vec<f64> = (0..n).map(|i| (i % 10 + 1) as f64).collect();
+        fl_data::svhn::write_fixture(&svhn.join(file), &images, &labels, true).unwrap();
+    }
+    let out = dir.path().join("svhn-run");
+    let o = fl(&[
+        "fedavg",
+        "--dataset",
+        "svhn",
+        "--data-dir",
+        &dir.path().join("data").display().to_string(),
+        "--clients",
+        "4",
+        "--sample",
+        "2",
+        "--rounds",
+        "1",
+        "--local-epochs",
+        "1",
+        "--partition",
+        "iid",
+        "--quiet",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(metrics(&out).len(), 1);
 
     let femnist = dir.path().join("leaf");
     write_femnist_fixture(&femnist, 6, 5);

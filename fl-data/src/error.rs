@@ -31,7 +31,7 @@ pub enum DataError {
     },
     /// The dataset name is not one this crate knows.
     #[error(
-        "unknown dataset '{0}' (known: fashion-mnist, mnist, cifar10, cifar100, cifar100-coarse, femnist, image-folder)"
+        "unknown dataset '{0}' (known: fashion-mnist, mnist, cifar10, cifar100, cifar100-coarse, femnist, svhn, image-folder)"
     )]
     UnknownDataset(String),
     /// A partition request that cannot be satisfied.

@@ -7,6 +7,7 @@
 //! - [`idx`]: MNIST / Fashion-MNIST IDX files, raw or gzip.
 //! - [`cifar`]: CIFAR-10 / CIFAR-100 binary files (fine or coarse labels).
 //! - [`image_folder`]: users' own PNG/JPEG images in class folders.
+//! - [`svhn`]: SVHN cropped digits (MATLAB v5 `.mat`).
 //! - [`femnist`]: FEMNIST in LEAF's JSON, with its natural one-client-per-writer partition.
 //! - [`source`]: which files to read (`--data-dir`, `$FL_DATA_DIR`, system paths, embedded copy).
 //! - [`partition`]: IID, Dirichlet and pathological label partitions with feasibility checks.
@@ -21,6 +22,7 @@ pub mod image_folder;
 pub mod partition;
 mod personal;
 pub mod source;
+pub mod svhn;
 
 pub use dataset::{Dataset, FederatedDataset, Normalization};
 pub use error::DataError;

@@ -271,14 +271,56 @@ impl Partition {
         })
     }
 
-    /// Reads a partition written by [`save`](Self::save).
+    /// Reads a partition file: ours (`{"clients": [[...], ...]}`, written by
+    /// [`save`](Self::save)) or the FedMR/FedCross authors' (`{"num_users": N, "train_data":
+    /// {"0": [...], "1": [...], ...}, ...}`, indices into the training set in reader order).
     pub fn load(path: &Path) -> Result<Self, DataError> {
         let bytes = std::fs::read(path).map_err(|source| DataError::Io {
             path: path.into(),
             source,
         })?;
-        serde_json::from_slice(&bytes)
-            .map_err(|e| DataError::corrupt(path, format!("not a partition file: {e}")))
+        let bad = |problem: String| DataError::corrupt(path, problem);
+        let value: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| bad(format!("not a partition file: {e}")))?;
+        if value.get("clients").is_some() {
+            return serde_json::from_value(value)
+                .map_err(|e| bad(format!("not a partition file: {e}")));
+        }
+        let Some(train) = value.get("train_data").and_then(|v| v.as_object()) else {
+            return Err(bad(
+                "not a partition file: expected \"clients\" (ours) or \"train_data\" (FedMR's)"
+                    .into(),
+            ));
+        };
+        let mut clients = vec![None; train.len()];
+        for (key, indices) in train {
+            let client: usize = key
+                .parse()
+                .ok()
+                .filter(|&c| c < train.len())
+                .ok_or_else(|| {
+                    bad(format!(
+                        "train_data key '{key}' is not a client in 0..{}",
+                        train.len()
+                    ))
+                })?;
+            let indices: Vec<usize> = serde_json::from_value(indices.clone())
+                .map_err(|e| bad(format!("train_data[\"{key}\"]: {e}")))?;
+            clients[client] = Some(indices);
+        }
+        let clients: Vec<Vec<usize>> = clients
+            .into_iter()
+            .collect::<Option<_>>()
+            .ok_or_else(|| bad("train_data repeats a client".into()))?;
+        if let Some(n) = value.get("num_users").and_then(|v| v.as_u64())
+            && n as usize != clients.len()
+        {
+            return Err(bad(format!(
+                "num_users is {n} but train_data has {} clients",
+                clients.len()
+            )));
+        }
+        Ok(Self { clients })
     }
 }
 
@@ -289,6 +331,41 @@ mod tests {
 
     fn labels(n: usize, classes: usize) -> Vec<u16> {
         (0..n).map(|i| (i * 7 % classes) as u16).collect()
+    }
+
+    #[test]
+    fn reads_the_fedmr_authors_partition_files() {
+        let dir = std::env::temp_dir().join(format!("fl-partition-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("p.json");
+        let write = |text: &str| std::fs::write(&file, text).unwrap();
+        write(
+            r#"{"dataset": "cifar10", "num_users": 3, "iid": 0, "noniid_case": 5, "data_beta": 0.1,
+                  "train_data": {"1": [4, 5], "0": [0, 1, 2], "2": [3]}}"#,
+        );
+        let p = Partition::load(&file).unwrap();
+        assert_eq!(p.clients, vec![vec![0, 1, 2], vec![4, 5], vec![3]]);
+        // Ours round-trips.
+        p.save(&file).unwrap();
+        assert_eq!(Partition::load(&file).unwrap(), p);
+        for (text, problem) in [
+            (
+                r#"{"num_users": 2, "train_data": {"0": [1], "1": [2], "2": [3]}}"#,
+                "num_users",
+            ),
+            (r#"{"train_data": {"0": [1], "7": [2]}}"#, "not a client"),
+            (r#"{"train_data": {"0": [1, -2]}}"#, "train_data"),
+            (r#"{"users": []}"#, "expected"),
+            ("{not json", "not a partition file"),
+        ] {
+            write(text);
+            let err = Partition::load(&file).unwrap_err().to_string();
+            assert!(
+                err.contains(problem) && err.contains("p.json"),
+                "{text}: {err}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     proptest! {

@@ -13,7 +13,7 @@ use rand::seq::SliceRandom;
 
 use crate::cifar::{CifarVariant, read_cifar};
 use crate::{DataError, Dataset, FederatedDataset, Normalization, idx};
-use crate::{femnist, image_folder};
+use crate::{femnist, image_folder, svhn};
 
 /// The datasets this crate can read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -31,6 +31,8 @@ pub enum DatasetKind {
     Cifar100Coarse,
     /// FEMNIST (LEAF JSON), 28×28 grey, 62 classes, one client per writer.
     Femnist,
+    /// SVHN cropped digits (`train_32x32.mat`, `test_32x32.mat`), 32×32 colour, 10 classes.
+    Svhn,
     /// Your own images in `train/<class>/` and `test/<class>/` folders (`--data-dir`).
     ImageFolder,
 }
@@ -45,6 +47,7 @@ impl FromStr for DatasetKind {
             "cifar100" | "cifar-100" => Ok(Self::Cifar100),
             "cifar100-coarse" | "cifar-100-coarse" => Ok(Self::Cifar100Coarse),
             "femnist" => Ok(Self::Femnist),
+            "svhn" => Ok(Self::Svhn),
             "image-folder" | "image_folder" => Ok(Self::ImageFolder),
             _ => Err(DataError::UnknownDataset(s.to_string())),
         }
@@ -67,6 +70,7 @@ impl DatasetKind {
             Self::Cifar100 => "cifar100",
             Self::Cifar100Coarse => "cifar100-coarse",
             Self::Femnist => "femnist",
+            Self::Svhn => "svhn",
             Self::ImageFolder => "image-folder",
         }
     }
@@ -80,6 +84,7 @@ impl DatasetKind {
             Self::Cifar100,
             Self::Cifar100Coarse,
             Self::Femnist,
+            Self::Svhn,
             Self::ImageFolder,
         ]
     }
@@ -107,7 +112,7 @@ impl DatasetKind {
     pub fn image_shape(self) -> Option<[usize; 3]> {
         match self {
             Self::ImageFolder => None,
-            _ if self.cifar().is_some() => Some([3, 32, 32]),
+            _ if self.cifar().is_some() || self == Self::Svhn => Some([3, 32, 32]),
             _ => Some([1, 28, 28]),
         }
     }
@@ -123,6 +128,8 @@ impl DatasetKind {
             Self::Cifar100 | Self::Cifar100Coarse => {
                 (&[0.5071, 0.4865, 0.4409], &[0.2673, 0.2564, 0.2762])
             }
+            // SVHN's training-set statistics.
+            Self::Svhn => (&[0.4377, 0.4438, 0.4728], &[0.1980, 0.2010, 0.1970]),
             // No published statistics: normalised by the training set's own.
             Self::Femnist | Self::ImageFolder => return None,
         };
@@ -154,6 +161,7 @@ impl DatasetKind {
     fn locate(self, dir: &Path) -> Option<PathBuf> {
         match self {
             Self::Femnist => return femnist::locate(dir),
+            Self::Svhn => return svhn::locate(dir),
             Self::ImageFolder => return image_folder::locate(dir),
             _ => {}
         }
@@ -173,6 +181,10 @@ impl DatasetKind {
             Self::Femnist => {
                 let (train, test, writers) = femnist::read_femnist(dir)?;
                 (train, test, Some(writers))
+            }
+            Self::Svhn => {
+                let (train, test) = svhn::read_svhn(dir)?;
+                (train, test, None)
             }
             _ => match self.cifar() {
                 Some(variant) => {
@@ -217,6 +229,15 @@ impl DatasetKind {
                 source: std::io::Error::new(
                     std::io::ErrorKind::NotFound,
                     "expected train/<class>/*.png|jpg and test/<class>/* folders",
+                ),
+            };
+        }
+        if self == Self::Svhn {
+            return DataError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no train_32x32.mat and test_32x32.mat here or in svhn/",
                 ),
             };
         }
