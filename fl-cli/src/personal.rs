@@ -10,7 +10,6 @@ use fl_core::strategy::pfedclub::cmsr::{Anchor, SearchRules};
 use fl_core::strategy::pfedclub::{ClubConfig, Method, PersonalData, PersonalSimulation};
 use fl_data::{PersonalSplit, load_dataset};
 use fl_models::{ModelZoo, ZooModel};
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend;
 use crate::config::{RunArgs, RunConfig};
@@ -304,16 +303,7 @@ pub fn pfedclub(args: &RunArgs, flags: &ClubArgs) -> anyhow::Result<()> {
         out_dir: Some(out.clone()),
     };
     let quiet = args.quiet || !std::io::stdout().is_terminal();
-    let bar = if quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(cfg.rounds as u64).with_style(
-            ProgressStyle::with_template(
-                "{bar:30} round {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-            )
-            .expect("valid template"),
-        )
-    };
+    let bar = crate::run::round_bar(cfg.rounds, quiet);
     let mut on_round = |m: &RoundMetrics| {
         bar.set_position(m.round as u64);
         if let Some(acc) = m.test_acc {

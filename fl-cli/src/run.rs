@@ -206,16 +206,7 @@ fn simulate<M: Classifier>(
         out_dir: Some(out.clone()),
         objective: None,
     };
-    let bar = if quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(cfg.rounds as u64).with_style(
-            ProgressStyle::with_template(
-                "{bar:30} round {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-            )
-            .expect("valid template"),
-        )
-    };
+    let bar = round_bar(cfg.rounds, quiet);
     let mut on_round = |m: &RoundMetrics| {
         bar.set_position(m.round as u64);
         if let Some(acc) = m.test_acc {
@@ -261,6 +252,19 @@ fn simulate<M: Classifier>(
         }
     }
     Ok(())
+}
+
+/// The rounds progress bar (hidden when quiet).
+pub fn round_bar(rounds: usize, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    ProgressBar::new(rounds as u64).with_style(
+        ProgressStyle::with_template(
+            "{bar:30} round {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .expect("valid template"),
+    )
 }
 
 /// The run's partition: `--partition-file`, the dataset's natural split, or a seeded draw.

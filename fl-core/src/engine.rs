@@ -337,7 +337,8 @@ impl<M: Classifier> Simulation<'_, M> {
     }
 }
 
-fn append_metrics(path: &Path, m: &RoundMetrics) -> Result<(), EngineError> {
+/// Appends one round's line to `metrics.jsonl`.
+pub fn append_metrics(path: &Path, m: &RoundMetrics) -> Result<(), EngineError> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -374,7 +375,8 @@ pub fn read_metrics(path: &Path, last_round: usize) -> Result<Vec<RoundMetrics>,
     Ok(rounds)
 }
 
-fn rewrite_metrics(path: &Path, rounds: &[RoundMetrics]) -> Result<(), EngineError> {
+/// Rewrites `metrics.jsonl` with `rounds` (the kept history of a resumed run).
+pub fn rewrite_metrics(path: &Path, rounds: &[RoundMetrics]) -> Result<(), EngineError> {
     let mut text = String::new();
     for m in rounds {
         text.push_str(&serde_json::to_string(m).expect("metrics serialise"));

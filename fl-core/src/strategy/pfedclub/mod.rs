@@ -25,7 +25,6 @@ pub mod grouping;
 pub mod stitch;
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -318,13 +317,7 @@ impl<M: BlockForward> PersonalSimulation<'_, M> {
                 start_round = round + 1;
                 history = crate::engine::read_metrics(&dir.join(files::METRICS), round)?;
             }
-            let path = dir.join(files::METRICS);
-            let mut text = String::new();
-            for m in &history {
-                text.push_str(&serde_json::to_string(m).expect("metrics serialise"));
-                text.push('\n');
-            }
-            std::fs::write(&path, text).map_err(|source| EngineError::Io { path, source })?;
+            crate::engine::rewrite_metrics(&dir.join(files::METRICS), &history)?;
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(cfg.threads)
@@ -484,16 +477,7 @@ impl<M: BlockForward> PersonalSimulation<'_, M> {
                 extra,
             };
             if let Some(dir) = &self.out_dir {
-                let path = dir.join(files::METRICS);
-                let mut f = std::fs::OpenOptions::new()
-                    .append(true)
-                    .open(&path)
-                    .map_err(|source| EngineError::Io {
-                        path: path.clone(),
-                        source,
-                    })?;
-                let line = serde_json::to_string(&metrics).expect("metrics serialise");
-                writeln!(f, "{line}").map_err(|source| EngineError::Io { path, source })?;
+                crate::engine::append_metrics(&dir.join(files::METRICS), &metrics)?;
                 let state = SavedState {
                     rounds_trained: rounds_trained.clone(),
                     phis: phis.clone(),
