@@ -165,11 +165,31 @@ fn with_paper_defaults(args: &RunArgs) -> RunArgs {
     a
 }
 
-/// `fl pfedclub`.
+/// `fl pfedclub`: one run, or one per seed of `--seeds` (each into `OUT/sSEED`, so `fl plot`
+/// and `fl compare` summarise OUT as mean ± std).
 pub fn pfedclub(args: &RunArgs, flags: &ClubArgs) -> anyhow::Result<()> {
-    if args.seeds.is_some() {
-        bail!("fl pfedclub does not support --seeds yet; run one seed at a time");
+    let Some(seeds) = &args.seeds else {
+        return run_one(args, flags);
+    };
+    let base = match &args.out {
+        Some(out) => out.clone(),
+        None => std::path::Path::new("runs")
+            .join(format!("pfedclub-{:?}-zoo-{:?}", flags.variant, flags.zoo).to_lowercase()),
+    };
+    for &seed in seeds {
+        let one = RunArgs {
+            seed: Some(seed),
+            seeds: None,
+            out: Some(base.join(format!("s{seed}"))),
+            ..args.clone()
+        };
+        run_one(&one, flags)?;
     }
+    Ok(())
+}
+
+/// One personalised run (new, or continued with `--resume`).
+fn run_one(args: &RunArgs, flags: &ClubArgs) -> anyhow::Result<()> {
     let read = |dir: &std::path::Path, name: &str| {
         let path = dir.join(name);
         std::fs::read_to_string(&path)

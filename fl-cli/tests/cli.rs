@@ -1030,10 +1030,18 @@ fn pfedclub_variants_run_on_fashion_mnist_and_bad_flags_are_errors() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(metrics(&club).len(), 3);
     assert_eq!(metrics(&club)[..2], rounds[..]);
-    for variant in ["pfedhr", "fedavg", "local"] {
+    for variant in ["pfedhr", "local"] {
         let out = dir.path().join(variant);
         run_ok(&base(&out, &["--variant", variant]));
         assert_eq!(metrics(&out).len(), 2, "{variant}");
+    }
+    // Two seeds of the FedAvg-per-architecture baseline, one folder each.
+    run_ok(&base(
+        &dir.path().join("fedavg"),
+        &["--variant", "fedavg", "--seeds", "1,2"],
+    ));
+    for seed in ["s1", "s2"] {
+        assert_eq!(metrics(&dir.path().join("fedavg").join(seed)).len(), 2);
     }
     // `fl compare` reads personalised runs like any other.
     let o = fl(&[
