@@ -256,13 +256,11 @@ impl<M: BlockForward> PersonalSimulation<'_, M> {
         }
         c.train.validate().map_err(EngineError::Config)?;
         self.club.validate().map_err(EngineError::Config)?;
-        if self.club.method == Method::Reassembly
-            && split.public.len() < self.club.cka_samples.min(2)
-        {
-            return bad("block reassembly needs public data; use a public fraction > 0".into());
-        }
         if self.club.method == Method::Reassembly && split.public.len() < 2 {
-            return bad("block reassembly needs at least 2 public samples".into());
+            return bad(
+                "block reassembly needs at least 2 public samples; use a public fraction > 0"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -281,22 +279,26 @@ impl<M: BlockForward> PersonalSimulation<'_, M> {
 
         // Each client initialises its own model (seeded per client, sequentially: Burn's
         // weight initialisation draws from one process-wide generator).
-        let mut tables = Vec::with_capacity(n);
+        let device = (self.make_model)(0)
+            .devices()
+            .into_iter()
+            .next()
+            .expect("a device");
+        let (mut tables, mut specs) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for client in 0..n {
-            let probe = (self.make_model)(client);
-            let device = probe.devices().into_iter().next().expect("a device");
             device.seed(derive_seed(cfg.seed, Purpose::Init, 0, client as u64));
             let model = (self.make_model)(client);
-            tables.push(ParamTable::from_module_with_blocks(&model, model.blocks())?);
+            let blocks = model.blocks();
+            if blocks.is_empty() {
+                return Err(EngineError::Config(
+                    "every client model must declare its blocks".into(),
+                ));
+            }
+            tables.push(ParamTable::from_module_with_blocks(&model, blocks.clone())?);
+            specs.push(blocks);
         }
         let params: Vec<usize> = tables.iter().map(ParamTable::num_trainable).collect();
         let block_params: Vec<Vec<usize>> = tables.iter().map(trainable_per_block).collect();
-        let specs: Vec<Vec<_>> = (0..n).map(|c| (self.make_model)(c).blocks()).collect();
-        if specs.iter().any(Vec::is_empty) {
-            return Err(EngineError::Config(
-                "every client model must declare its blocks".into(),
-            ));
-        }
 
         let mut teachers: Vec<Option<Assigned<M>>> = (0..n).map(|_| None).collect();
         let mut phis: Vec<Vec<f64>> = vec![Vec::new(); n];
@@ -311,7 +313,8 @@ impl<M: BlockForward> PersonalSimulation<'_, M> {
             })?;
             let ckpt = dir.join(files::CHECKPOINT);
             if resume && ckpt.exists() {
-                let (round, state) = self.restore(&ckpt, &mut tables, &mut teachers, &specs)?;
+                let (round, state) =
+                    self.restore(&ckpt, &mut tables, &mut teachers, &specs, &block_params)?;
                 (rounds_trained, phis, accuracy) =
                     (state.rounds_trained, state.phis, state.accuracy);
                 start_round = round + 1;
@@ -573,11 +576,10 @@ impl<M: BlockForward> PersonalSimulation<'_, M> {
         tables: &mut [ParamTable],
         teachers: &mut [Option<Assigned<M>>],
         specs: &[Vec<crate::layers::BlockSpec>],
+        block_params: &[Vec<usize>],
     ) -> Result<(usize, SavedState), EngineError> {
         let n = tables.len();
         let device = tables[0].device();
-        // Architectures do not change, so the initial tables give every block's size.
-        let block_params: Vec<Vec<usize>> = tables.iter().map(trainable_per_block).collect();
         let shape = self.data.data.image_shape().to_vec();
         let classes = self.data.data.num_classes();
         let parse = |extra: &serde_json::Value| {
