@@ -135,6 +135,7 @@ fn measure<M: Classifier>(
         momentum: 0.5,
         weight_decay: 0.0,
         optimizer: fl_core::trainer::LocalOptimizer::Sgd,
+        sharpness: None,
     };
     let client = |c: usize, cfg: &TrainConfig| {
         let indices: Vec<usize> = (c * args.samples..(c + 1) * args.samples).collect();

@@ -5,9 +5,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::Args;
 use fl_core::secure::SecureExchange;
+use fl_core::strategy::clusamp::{LinkageInput, UpdateDistance};
+use fl_core::strategy::fedgen::NoiseKind;
 use fl_core::strategy::{
-    FedAvgM, FedCrossConfig, FedExP, FedMrConfig, FedMut, FedMutConfig, FedProx, Scaffold,
-    ScaffoldConfig, Strategy,
+    Clusamp, ClusampConfig, FedAsam, FedAvgM, FedCrossConfig, FedExP, FedGen, FedGenConfig,
+    FedMrConfig, FedMut, FedMutConfig, FedProx, Moon, Scaffold, ScaffoldConfig, SharpnessAware,
+    Strategy,
 };
 use fl_core::{EngineConfig, TrainConfig};
 use fl_data::{DatasetKind, PartitionScheme};
@@ -98,6 +101,42 @@ pub struct RunConfig {
     pub mut_rate: f64,
     /// FedMut: rounds over which the imbalance decays to zero.
     pub mut_bound: usize,
+    /// MOON: weight μ of the contrastive term (unset: the MOON paper's value for the dataset,
+    /// 1 for CIFAR-100 and FEMNIST, 5 otherwise).
+    pub moon_mu: Option<f64>,
+    /// MOON: temperature τ.
+    pub tau: f64,
+    /// FedASAM: neighbourhood radius ρ.
+    pub rho: f64,
+    /// FedASAM: η of the adaptive scaling |w| + η.
+    pub eta: f64,
+    /// FedASAM: plain SAM (FedSAM) instead of ASAM.
+    pub sam: bool,
+    /// Clustered sampling: update distance (`arccos`, `l1`, `l2`).
+    pub cluster_distance: String,
+    /// Clustered sampling: what Ward's linkage clusters (`rows` of the distance matrix, as the
+    /// authors' code, or the `distances` themselves).
+    pub linkage: String,
+    /// FedGen: generator hidden width.
+    pub gen_hidden: usize,
+    /// FedGen: generator noise dimension.
+    pub gen_noise_dim: usize,
+    /// FedGen: noise distribution (`gaussian` as the paper, `uniform` as the authors' code).
+    pub gen_noise: String,
+    /// FedGen: generator learning rate.
+    pub gen_lr: f64,
+    /// FedGen: generator weight decay.
+    pub gen_weight_decay: f64,
+    /// FedGen: generator steps per round.
+    pub gen_steps: usize,
+    /// FedGen: generator batch size.
+    pub gen_batch: usize,
+    /// FedGen: client weight α of the generated-latent cross-entropy.
+    pub gen_alpha: f64,
+    /// FedGen: client weight β of the latent KL term.
+    pub gen_beta: f64,
+    /// FedGen: generated samples per client step.
+    pub gen_client_batch: usize,
     /// Output directory.
     pub out: Option<PathBuf>,
 }
@@ -145,6 +184,23 @@ impl Default for RunConfig {
             mut_radius: 4.0,
             mut_rate: 0.3,
             mut_bound: 100,
+            moon_mu: None,
+            tau: 0.5,
+            rho: 0.1,
+            eta: 0.0,
+            sam: false,
+            cluster_distance: "arccos".into(),
+            linkage: "rows".into(),
+            gen_hidden: 256,
+            gen_noise_dim: 32,
+            gen_noise: "gaussian".into(),
+            gen_lr: 3e-4,
+            gen_weight_decay: 1e-2,
+            gen_steps: 50,
+            gen_batch: 128,
+            gen_alpha: 10.0,
+            gen_beta: 10.0,
+            gen_client_batch: 32,
             out: None,
         }
     }
@@ -343,6 +399,30 @@ pub struct BaselineArgs {
     pub mut_rate: Option<f64>,
     /// FedMut bound.
     pub mut_bound: Option<usize>,
+    /// MOON μ.
+    pub moon_mu: Option<f64>,
+    /// MOON τ.
+    pub tau: Option<f64>,
+    /// FedASAM ρ.
+    pub rho: Option<f64>,
+    /// FedASAM η.
+    pub eta: Option<f64>,
+    /// FedASAM: plain SAM.
+    pub sam: bool,
+    /// Clustered sampling distance.
+    pub cluster_distance: Option<String>,
+    /// Clustered sampling linkage input.
+    pub linkage: Option<String>,
+    /// FedGen noise.
+    pub gen_noise: Option<String>,
+    /// FedGen generator lr.
+    pub gen_lr: Option<f64>,
+    /// FedGen generator steps.
+    pub gen_steps: Option<usize>,
+    /// FedGen α.
+    pub gen_alpha: Option<f64>,
+    /// FedGen β.
+    pub gen_beta: Option<f64>,
 }
 
 impl BaselineArgs {
@@ -357,14 +437,41 @@ impl BaselineArgs {
             epsilon,
             mut_radius,
             mut_rate,
-            mut_bound
+            mut_bound,
+            moon_mu,
+            tau,
+            rho,
+            eta,
+            cluster_distance,
+            linkage,
+            gen_noise,
+            gen_lr,
+            gen_steps,
+            gen_alpha,
+            gen_beta
         );
+        if self.sam {
+            cfg.sam = true;
+        }
+    }
+}
+
+/// The MOON paper's μ for a dataset: 1 for CIFAR-100 (and FEMNIST, by analogy), 5 otherwise.
+pub fn moon_default_mu(dataset: &str) -> f64 {
+    if dataset.starts_with("cifar100") || dataset == "femnist" {
+        1.0
+    } else {
+        5.0
     }
 }
 
 impl RunConfig {
-    /// The baseline strategy named by `algorithm`, with its settings checked.
-    pub fn baseline(&self) -> anyhow::Result<Box<dyn Strategy>> {
+    /// The baseline strategy named by `algorithm`, with its settings checked; `label_counts`
+    /// gives the clients' per-class sample counts (FedGen needs them).
+    pub fn baseline(
+        &self,
+        label_counts: impl FnOnce() -> Vec<Vec<usize>>,
+    ) -> anyhow::Result<Box<dyn Strategy>> {
         let check = |ok: bool, what: &str| {
             if ok {
                 Ok(())
@@ -411,6 +518,62 @@ impl RunConfig {
                     rate: self.mut_rate,
                     bound: self.mut_bound,
                 }))
+            }
+            "moon" => {
+                let mu = self
+                    .moon_mu
+                    .unwrap_or_else(|| moon_default_mu(&self.dataset));
+                check(mu.is_finite() && mu >= 0.0, "--moon-mu must be >= 0")?;
+                check(self.tau.is_finite() && self.tau > 0.0, "--tau must be > 0")?;
+                Box::new(Moon::new(mu, self.tau))
+            }
+            "fedasam" => {
+                let sharpness = if self.sam {
+                    SharpnessAware::sam(self.rho)
+                } else {
+                    SharpnessAware::asam(self.rho, self.eta)
+                };
+                sharpness
+                    .validate()
+                    .map_err(|e| anyhow::anyhow!("--rho / --eta: {e}"))?;
+                Box::new(FedAsam::new(sharpness))
+            }
+            "clusamp" => {
+                let distance = match self.cluster_distance.as_str() {
+                    "arccos" => UpdateDistance::Arccos,
+                    "l1" => UpdateDistance::L1,
+                    "l2" => UpdateDistance::L2,
+                    other => bail!("unknown --cluster-distance '{other}' (known: arccos, l1, l2)"),
+                };
+                let linkage = match self.linkage.as_str() {
+                    "rows" => LinkageInput::Rows,
+                    "distances" => LinkageInput::Distances,
+                    other => bail!("unknown --linkage '{other}' (known: rows, distances)"),
+                };
+                Box::new(Clusamp::new(ClusampConfig { distance, linkage }))
+            }
+            "fedgen" => {
+                let noise = match self.gen_noise.as_str() {
+                    "gaussian" => NoiseKind::Gaussian,
+                    "uniform" => NoiseKind::Uniform,
+                    other => bail!("unknown --gen-noise '{other}' (known: gaussian, uniform)"),
+                };
+                let config = FedGenConfig {
+                    hidden: self.gen_hidden,
+                    noise_dim: self.gen_noise_dim,
+                    noise,
+                    lr: self.gen_lr,
+                    weight_decay: self.gen_weight_decay,
+                    steps: self.gen_steps,
+                    batch_size: self.gen_batch,
+                    alpha: self.gen_alpha,
+                    beta: self.gen_beta,
+                    client_batch: self.gen_client_batch,
+                    local_batch: self.batch_size,
+                    seed: self.seed,
+                };
+                config.validate().map_err(anyhow::Error::msg)?;
+                Box::new(FedGen::new(config, label_counts()))
             }
             other => bail!("'{other}' is not a baseline"),
         })
@@ -460,6 +623,10 @@ impl RunConfig {
         }
         if let Some(o) = &args.out {
             cfg.out = Some(o.clone());
+        }
+        // Record MOON's dataset-dependent μ in the run's config.toml.
+        if cfg.algorithm == "moon" && cfg.moon_mu.is_none() {
+            cfg.moon_mu = Some(moon_default_mu(&cfg.dataset));
         }
         Ok(cfg)
     }
@@ -577,6 +744,7 @@ impl RunConfig {
                 momentum: self.momentum,
                 weight_decay: self.weight_decay,
                 optimizer: fl_core::trainer::LocalOptimizer::Sgd,
+                sharpness: None,
             },
         }
     }
@@ -643,7 +811,7 @@ mod tests {
                     "fedavg" | "fedindep" => {}
                     "fedmr" => drop(cfg.fedmr().unwrap()),
                     "fedcross" => drop(cfg.fedcross().unwrap()),
-                    _ => assert!(cfg.baseline().is_ok(), "{name}"),
+                    _ => assert!(cfg.baseline(Vec::new).is_ok(), "{name}"),
                 }
                 count += 1;
             }

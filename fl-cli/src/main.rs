@@ -121,6 +121,65 @@ enum Command {
         #[arg(long)]
         mut_bound: Option<usize>,
     },
+    /// MOON (Li et al. 2021): FedAvg with a model-contrastive local loss.
+    Moon {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        /// Weight μ of the contrastive term (default: 5, or 1 for CIFAR-100 and FEMNIST).
+        #[arg(long)]
+        moon_mu: Option<f64>,
+        /// Temperature τ (default 0.5).
+        #[arg(long)]
+        tau: Option<f64>,
+    },
+    /// FedASAM (Caldarola et al. 2022): FedAvg with adaptive sharpness-aware local steps.
+    Fedasam {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        /// Neighbourhood radius ρ (default 0.1).
+        #[arg(long)]
+        rho: Option<f64>,
+        /// η of the adaptive scaling |w| + η (default 0).
+        #[arg(long)]
+        eta: Option<f64>,
+        /// Plain SAM (FedSAM) instead of ASAM.
+        #[arg(long)]
+        sam: bool,
+    },
+    /// Clustered sampling (Fraboni et al. 2021, Algorithm 2): clients clustered by the
+    /// similarity of their updates, one sampled per cluster-based distribution.
+    Clusamp {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        /// Distance between updates: arccos (default), l1, l2.
+        #[arg(long)]
+        cluster_distance: Option<String>,
+        /// What Ward's linkage clusters: rows of the distance matrix (authors' code, default)
+        /// or the distances themselves.
+        #[arg(long)]
+        linkage: Option<String>,
+    },
+    /// FedGen (Zhu et al. 2021): a server-trained generator of latent features regularises
+    /// the clients (data-free knowledge distillation).
+    Fedgen {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        /// Generator noise: gaussian (paper, default) or uniform (authors' code).
+        #[arg(long)]
+        gen_noise: Option<String>,
+        /// Generator learning rate (default 3e-4).
+        #[arg(long)]
+        gen_lr: Option<f64>,
+        /// Generator steps per round (default 50).
+        #[arg(long)]
+        gen_steps: Option<usize>,
+        /// Client weight α of the generated-latent cross-entropy (default 10, decays 0.98/round).
+        #[arg(long)]
+        gen_alpha: Option<f64>,
+        /// Client weight β of the latent KL term (default 10, decays 0.98/round).
+        #[arg(long)]
+        gen_beta: Option<f64>,
+    },
     /// Plot test accuracy (or loss) against rounds for runs; a directory of runs (one per seed)
     /// is drawn as its mean with a ±1 std band.
     Plot {
@@ -280,6 +339,62 @@ fn main() -> ExitCode {
                 mut_radius,
                 mut_rate,
                 mut_bound,
+                ..Default::default()
+            },
+        ),
+        Command::Moon { args, moon_mu, tau } => run::baseline(
+            "moon",
+            &args,
+            &BaselineArgs {
+                moon_mu,
+                tau,
+                ..Default::default()
+            },
+        ),
+        Command::Fedasam {
+            args,
+            rho,
+            eta,
+            sam,
+        } => run::baseline(
+            "fedasam",
+            &args,
+            &BaselineArgs {
+                rho,
+                eta,
+                sam,
+                ..Default::default()
+            },
+        ),
+        Command::Clusamp {
+            args,
+            cluster_distance,
+            linkage,
+        } => run::baseline(
+            "clusamp",
+            &args,
+            &BaselineArgs {
+                cluster_distance,
+                linkage,
+                ..Default::default()
+            },
+        ),
+        Command::Fedgen {
+            args,
+            gen_noise,
+            gen_lr,
+            gen_steps,
+            gen_alpha,
+            gen_beta,
+        } => run::baseline(
+            "fedgen",
+            &args,
+            &BaselineArgs {
+                gen_noise,
+                gen_lr,
+                gen_steps,
+                gen_alpha,
+                gen_beta,
                 ..Default::default()
             },
         ),

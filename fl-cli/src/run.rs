@@ -52,18 +52,24 @@ fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)>
     Ok((cfg, true))
 }
 
+/// Builds a run's strategy once its data and partition are known (FedGen needs the clients'
+/// label counts); called once per run, so every seed of `--seeds` starts afresh.
+pub type MakeStrategy<'a> =
+    dyn Fn(&RunConfig, &FederatedDataset, &Partition) -> anyhow::Result<Box<dyn Strategy>> + 'a;
+
 /// `fl fedavg`.
 pub fn fedavg(args: &RunArgs, unweighted: bool) -> anyhow::Result<()> {
     let (mut cfg, resume) = resolve("fedavg", args)?;
     if !resume && unweighted {
         cfg.weighted = false;
     }
-    let mut strategy = if cfg.weighted {
-        FedAvg::weighted()
-    } else {
-        FedAvg::unweighted()
-    };
-    run(&cfg, resume, args, &mut strategy)
+    run(&cfg, resume, args, &|cfg, _, _| {
+        Ok(Box::new(if cfg.weighted {
+            FedAvg::weighted()
+        } else {
+            FedAvg::unweighted()
+        }))
+    })
 }
 
 /// `fl fedmr`.
@@ -72,8 +78,10 @@ pub fn fedmr(args: &RunArgs, flags: &FedMrArgs) -> anyhow::Result<()> {
     if !resume {
         flags.apply(&mut cfg);
     }
-    let mut strategy = FedMr::new(cfg.fedmr()?);
-    run(&cfg, resume, args, &mut strategy)
+    cfg.fedmr()?;
+    run(&cfg, resume, args, &|cfg, _, _| {
+        Ok(Box::new(FedMr::new(cfg.fedmr()?)))
+    })
 }
 
 /// `fl fedcross`.
@@ -82,24 +90,32 @@ pub fn fedcross(args: &RunArgs, cross: &FedCrossArgs) -> anyhow::Result<()> {
     if !resume {
         cross.apply(&mut cfg);
     }
-    let mut strategy = FedCross::new(cfg.fedcross()?);
-    run(&cfg, resume, args, &mut strategy)
+    cfg.fedcross()?;
+    run(&cfg, resume, args, &|cfg, _, _| {
+        Ok(Box::new(FedCross::new(cfg.fedcross()?)))
+    })
 }
 
 /// `fl fedindep`.
 pub fn fedindep(args: &RunArgs) -> anyhow::Result<()> {
     let (cfg, resume) = resolve("fedindep", args)?;
-    run(&cfg, resume, args, &mut FedMr::fedindep())
+    run(&cfg, resume, args, &|_, _, _| {
+        Ok(Box::new(FedMr::fedindep()))
+    })
 }
 
-/// `fl fedprox`, `fl scaffold`, `fl fedavgm`, `fl fedexp`, `fl fedmut`.
+/// `fl fedprox`, `fl scaffold`, `fl fedavgm`, `fl fedexp`, `fl fedmut`, `fl moon`,
+/// `fl fedasam`, `fl clusamp`, `fl fedgen`.
 pub fn baseline(algorithm: &str, args: &RunArgs, flags: &BaselineArgs) -> anyhow::Result<()> {
     let (mut cfg, resume) = resolve(algorithm, args)?;
     if !resume {
         flags.apply(&mut cfg);
     }
-    let mut strategy = cfg.baseline()?;
-    run(&cfg, resume, args, strategy.as_mut())
+    // Settings are checked before any data is read.
+    cfg.baseline(Vec::new)?;
+    run(&cfg, resume, args, &|cfg, data, partition| {
+        cfg.baseline(|| partition.label_histogram(data.train.labels(), data.train.num_classes()))
+    })
 }
 
 /// `fl run FILE`: the algorithm named in the config file, with the file's settings.
@@ -114,26 +130,27 @@ pub fn from_file(file: &Path, args: &RunArgs) -> anyhow::Result<()> {
         "fedmr" => fedmr(&args, &FedMrArgs::default()),
         "fedcross" => fedcross(&args, &FedCrossArgs::default()),
         "fedindep" => fedindep(&args),
-        baseline_name @ ("fedprox" | "scaffold" | "fedavgm" | "fedexp" | "fedmut") => {
+        baseline_name @ ("fedprox" | "scaffold" | "fedavgm" | "fedexp" | "fedmut" | "moon"
+        | "fedasam" | "clusamp" | "fedgen") => {
             baseline(baseline_name, &args, &BaselineArgs::default())
         }
         other => bail!(
-            "{}: unknown algorithm '{other}' (known: fedavg, fedmr, fedcross, fedindep, fedprox, scaffold, fedavgm, fedexp, fedmut)",
+            "{}: unknown algorithm '{other}' (known: fedavg, fedmr, fedcross, fedindep, fedprox, scaffold, fedavgm, fedexp, fedmut, moon, fedasam, clusamp, fedgen)",
             file.display()
         ),
     }
 }
 
-/// Runs `strategy` on the configuration, once, or once per seed of `--seeds` (each into its
-/// own `sSEED` folder; the strategy is re-initialised by every run).
+/// Runs the strategy `make` builds on the configuration, once, or once per seed of `--seeds`
+/// (each into its own `sSEED` folder, with a strategy of its own).
 pub fn run(
     cfg: &RunConfig,
     resume: bool,
     args: &RunArgs,
-    strategy: &mut dyn Strategy,
+    make: &MakeStrategy<'_>,
 ) -> anyhow::Result<()> {
     let Some(seeds) = &args.seeds else {
-        return run_one(cfg, resume, args.quiet, strategy);
+        return run_one(cfg, resume, args.quiet, make);
     };
     let base = cfg.out.clone().unwrap_or_else(|| {
         Path::new("runs").join(format!("{}-{}-{}", cfg.algorithm, cfg.dataset, cfg.model))
@@ -144,17 +161,17 @@ pub fn run(
             out: Some(base.join(format!("s{seed}"))),
             ..cfg.clone()
         };
-        run_one(&cfg, false, args.quiet, strategy)?;
+        run_one(&cfg, false, args.quiet, make)?;
     }
     Ok(())
 }
 
-/// Builds the model named in `cfg` and runs `strategy`.
+/// Builds the model named in `cfg` and runs the strategy `make` builds.
 fn run_one(
     cfg: &RunConfig,
     resume: bool,
     quiet: bool,
-    strategy: &mut dyn Strategy,
+    make: &MakeStrategy<'_>,
 ) -> anyhow::Result<()> {
     let quiet = quiet || !std::io::stdout().is_terminal();
     let kind = cfg.dataset_kind()?;
@@ -166,6 +183,7 @@ fn run_one(
         );
     }
     let partition = build_partition(cfg, &data)?;
+    let mut strategy = make(cfg, &data, &partition)?;
     let device = backend::device();
     eprintln!("backend: {} ({:?})", backend::name(), device);
     let out = cfg.out_dir();
@@ -184,7 +202,13 @@ fn run_one(
     ad.seed(derive_seed(cfg.seed, Purpose::Init, 0, 0));
     let (shape, classes) = (data.train.image_shape(), data.train.num_classes());
     with_model!(model_kind, shape, classes, &ad, |model| simulate(
-        model, cfg, &data, &partition, resume, quiet, strategy
+        model,
+        cfg,
+        &data,
+        &partition,
+        resume,
+        quiet,
+        strategy.as_mut()
     ))
 }
 

@@ -228,11 +228,18 @@ impl<M: Classifier> Simulation<'_, M> {
             .build()
             .map_err(|e| EngineError::Config(format!("thread pool: {e}")))?;
         let num_clients = self.partition.num_clients();
+        let client_sizes: Vec<usize> = self.partition.clients.iter().map(Vec::len).collect();
         let eval_model = self.model.valid();
 
         for round in start_round..=cfg.rounds {
             let mut rng = rng_for(cfg.seed, Purpose::Sampling, round as u64, 0);
-            let clients = rand::seq::index::sample(&mut rng, num_clients, cfg.sample).into_vec();
+            let clients = match strategy.select_clients(round, &client_sizes, cfg.sample, &mut rng)
+            {
+                Some(chosen) => check_selection(strategy.name(), chosen, num_clients)?,
+                None => rand::seq::index::sample(&mut rng, num_clients, cfg.sample).into_vec(),
+            };
+            let train_cfg = strategy.local_training(&cfg.train);
+            train_cfg.validate().map_err(EngineError::Config)?;
             let starts = strategy.dispatch(round, &clients)?;
             let bytes_down = starts.iter().map(ParamTable::byte_size).sum();
 
@@ -267,7 +274,7 @@ impl<M: Classifier> Simulation<'_, M> {
             let updates = pool.install(|| {
                 tasks
                     .into_par_iter()
-                    .map(|task| train_local(task, &cfg.train))
+                    .map(|task| train_local(task, &train_cfg))
                     .collect::<Result<Vec<_>, _>>()
             })?;
             let train_seconds = timer.elapsed().as_secs_f64();
@@ -335,6 +342,25 @@ impl<M: Classifier> Simulation<'_, M> {
             global,
         })
     }
+}
+
+/// A strategy's own client selection, checked: at least one client, every index in range.
+fn check_selection(
+    strategy: &str,
+    chosen: Vec<usize>,
+    num_clients: usize,
+) -> Result<Vec<usize>, EngineError> {
+    if chosen.is_empty() {
+        return Err(EngineError::Config(format!(
+            "{strategy} selected no clients"
+        )));
+    }
+    if let Some(bad) = chosen.iter().find(|&&c| c >= num_clients) {
+        return Err(EngineError::Config(format!(
+            "{strategy} selected client {bad}, but there are {num_clients} clients"
+        )));
+    }
+    Ok(chosen)
 }
 
 /// Appends one round's line to `metrics.jsonl`.

@@ -19,6 +19,22 @@ pub trait Classifier: Module + Sync + 'static {
     fn blocks(&self) -> Vec<BlockSpec> {
         Vec::new()
     }
+
+    /// The model's representation of each image `[N, D]`: the input of its final linear layer
+    /// (MOON's representation, FedGen's latent space). `None` if the model does not expose it;
+    /// a model that does must satisfy `forward(x) == head(features(x))`.
+    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
+        let _ = images;
+        None
+    }
+
+    /// The final linear layer applied to representations `[N, D]` from
+    /// [`features`](Self::features) (or generated ones, as FedGen does); `None` if the model does
+    /// not expose it.
+    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
+        let _ = features;
+        None
+    }
 }
 
 /// The activation passed from one block to the next: a feature map `[N, C, H, W]` or a flat

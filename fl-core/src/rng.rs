@@ -25,6 +25,8 @@ pub enum Purpose {
     Partition = 5,
     /// Randomness inside a model's forward pass during local training (dropout masks).
     Forward = 6,
+    /// Randomness of a client's local loss term (FedGen's generated samples).
+    Objective = 7,
 }
 
 /// SplitMix64 finaliser: a cheap, well-mixed 64-bit hash step.

@@ -31,8 +31,15 @@ impl TinyNet {
 
 impl Classifier for TinyNet {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        let x = relu(self.bn.forward(self.conv.forward(images)));
-        self.fc2.forward(relu(self.fc1.forward(x.flatten(1, 3))))
+        self.fc2.forward(self.represent(images))
+    }
+
+    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
+        Some(self.represent(images))
+    }
+
+    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
+        Some(self.fc2.forward(features))
     }
 
     fn blocks(&self) -> Vec<BlockSpec> {
@@ -47,6 +54,13 @@ impl Classifier for TinyNet {
             b("fc1", &["fc1"], vec![144], vec![16]),
             b("fc2", &["fc2"], vec![16], vec![10]),
         ]
+    }
+}
+
+impl TinyNet {
+    fn represent(&self, images: Tensor<4>) -> Tensor<2> {
+        let x = relu(self.bn.forward(self.conv.forward(images)));
+        relu(self.fc1.forward(x.flatten(1, 3)))
     }
 }
 
@@ -85,6 +99,13 @@ pub fn tiny(seed: u64) -> TinyNet {
         .from_host(host, &d)
         .expect("same layout")
         .load_into(model)
+        .expect("same model")
+}
+
+/// `tiny(seed)` on the autodiff device, ready to train.
+pub fn tracked(seed: u64) -> TinyNet {
+    crate::layers::ParamTable::from_module(&tiny(seed))
+        .load_into(TinyNet::new(&device().autodiff()))
         .expect("same model")
 }
 

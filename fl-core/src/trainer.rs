@@ -1,6 +1,6 @@
 //! Local training of one client: SGD with cross-entropy over the client's samples.
 
-use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, SgdConfig};
@@ -11,6 +11,7 @@ use rand::seq::SliceRandom;
 use crate::layers::{LayerError, ParamTable};
 use crate::model::Classifier;
 use crate::rng::{Purpose, derive_seed, rng_for, with_forward_stream};
+use crate::strategy::fedasam::SharpnessAware;
 
 /// Hyper-parameters of local training.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -28,6 +29,10 @@ pub struct TrainConfig {
     /// The local optimiser (SGD unless a method says otherwise, e.g. pFedClub's Adam).
     #[serde(default)]
     pub optimizer: LocalOptimizer,
+    /// Sharpness-aware steps (SAM / ASAM, FedASAM's local optimiser): every step takes the
+    /// gradient at an adversarially perturbed point. `None` trains plainly.
+    #[serde(default)]
+    pub sharpness: Option<SharpnessAware>,
 }
 
 /// Which optimiser local training uses.
@@ -50,6 +55,7 @@ impl Default for TrainConfig {
             momentum: 0.5,
             weight_decay: 0.0,
             optimizer: LocalOptimizer::Sgd,
+            sharpness: None,
         }
     }
 }
@@ -78,8 +84,31 @@ impl TrainConfig {
                 self.weight_decay
             ));
         }
+        if let Some(sam) = &self.sharpness {
+            sam.validate()?;
+        }
         Ok(())
     }
+}
+
+/// What a batch-level loss term sees of one local step.
+pub struct BatchContext<'a> {
+    /// The mini-batch `[N, C, H, W]` (on the training device).
+    pub images: &'a Tensor<4>,
+    /// Its labels `[N]`.
+    pub labels: &'a Tensor<1, Int>,
+    /// The model's (tracked) logits on it.
+    pub logits: &'a Tensor<2>,
+    /// The model's (tracked) representation `[N, D]` (see [`Classifier::features`]), when the
+    /// objective [`uses_features`](LocalObjective::uses_features).
+    pub features: Option<&'a Tensor<2>>,
+    /// The representations of the objective's
+    /// [`reference_models`](LocalObjective::reference_models) on the batch, in their order
+    /// (inference mode, no gradient).
+    pub reference_features: &'a [Tensor<2>],
+    /// The model's (tracked) head, for representations that do not come from the batch (FedGen's
+    /// generated ones); available when the objective uses features.
+    pub head: &'a dyn Fn(Tensor<2>) -> Tensor<2>,
 }
 
 /// An extra term added to a client's loss at every step (FedProx's proximal term, MOON's
@@ -92,10 +121,10 @@ pub trait LocalObjective: Send + Sync {
         None
     }
 
-    /// A term that depends on the batch: `images` is the mini-batch and `logits` the model's
-    /// (tracked) output on it, e.g. a distillation loss against a teacher. `None` adds nothing.
-    fn batch_loss(&self, images: &Tensor<4>, logits: &Tensor<2>) -> Option<Tensor<1>> {
-        let _ = (images, logits);
+    /// A term that depends on the batch, e.g. a distillation loss against a teacher or MOON's
+    /// contrastive loss. `None` adds nothing.
+    fn batch_loss(&self, batch: &BatchContext<'_>) -> Option<Tensor<1>> {
+        let _ = batch;
         None
     }
 
@@ -103,6 +132,20 @@ pub trait LocalObjective: Send + Sync {
     /// every step, which has a cost).
     fn uses_parameters(&self) -> bool {
         true
+    }
+
+    /// Whether [`batch_loss`](Self::batch_loss) needs the model's representation and head
+    /// ([`Classifier::features`], [`Classifier::head`]); training fails with a clear error for
+    /// a model that does not expose them.
+    fn uses_features(&self) -> bool {
+        false
+    }
+
+    /// Models (in the client's architecture) whose representations of every batch
+    /// [`batch_loss`](Self::batch_loss) compares against, e.g. MOON's global and previous local
+    /// model. The trainer loads each once per client, in inference mode.
+    fn reference_models(&self) -> Vec<ParamTable> {
+        Vec::new()
     }
 }
 
@@ -137,6 +180,11 @@ pub enum TrainError {
     /// A client without samples was asked to train.
     #[error("client {0} has no training samples")]
     NoSamples(usize),
+    /// The local objective needs a representation the model does not expose.
+    #[error(
+        "this method needs the model's representation and head (Classifier::features and Classifier::head), which the model does not expose"
+    )]
+    NoFeatures,
     /// The model and the table do not fit together.
     #[error(transparent)]
     Layer(#[from] LayerError),
@@ -230,6 +278,19 @@ fn train_steps<M: Classifier>(
             .init(),
     };
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let references: Vec<M> = match task.objective {
+        Some(objective) => objective
+            .reference_models()
+            .iter()
+            .map(|table| table.load_into(model.valid()))
+            .collect::<Result<_, _>>()?,
+        None => Vec::new(),
+    };
+    let step = StepLoss {
+        loss_fn: &loss_fn,
+        objective: task.objective,
+        start: &task.start,
+    };
     let mut rng = rng_for(
         task.seed,
         Purpose::Shuffle,
@@ -244,21 +305,23 @@ fn train_steps<M: Classifier>(
         let mut epoch_losses: Vec<Tensor<1>> = Vec::new();
         for batch in order.chunks(cfg.batch_size) {
             let (images, labels) = make_batch(task.data, task.norm, batch, &device);
-            let logits = model.forward(images.clone());
-            let mut loss = loss_fn.forward(logits.clone(), labels);
-            if let Some(objective) = task.objective {
-                if objective.uses_parameters() {
-                    let params = ParamTable::from_module_tracked(&model);
-                    if let Some(extra) = objective.extra_loss(&params, &task.start) {
-                        loss = loss + extra;
-                    }
-                }
-                if let Some(extra) = objective.batch_loss(&images, &logits) {
-                    loss = loss + extra;
-                }
-            }
+            let reference_features = references
+                .iter()
+                .map(|m| {
+                    m.features(images.clone().inner())
+                        .ok_or(TrainError::NoFeatures)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let loss = step.loss(&model, &images, &labels, &reference_features)?;
             epoch_losses.push(loss.clone().detach());
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+            if let Some(sam) = &cfg.sharpness {
+                // The descent gradient is taken at the perturbed weights, then applied to the
+                // unperturbed model (the perturbed copy keeps the parameter ids).
+                let perturbed = sam.perturb(model.clone(), &grads);
+                let loss = step.loss(&perturbed, &images, &labels, &reference_features)?;
+                grads = GradientsParams::from_grads(loss.backward(), &perturbed);
+            }
             model = optim.step(cfg.lr, model, grads);
         }
         let n = epoch_losses.len();
@@ -280,6 +343,58 @@ fn train_steps<M: Classifier>(
         train_loss: loss_sum / steps as f64,
         steps,
     })
+}
+
+/// The loss of one local step: cross-entropy plus the objective's terms.
+struct StepLoss<'a> {
+    loss_fn: &'a CrossEntropyLoss,
+    objective: Option<&'a dyn LocalObjective>,
+    start: &'a ParamTable,
+}
+
+impl StepLoss<'_> {
+    fn loss<M: Classifier>(
+        &self,
+        model: &M,
+        images: &Tensor<4>,
+        labels: &Tensor<1, Int>,
+        reference_features: &[Tensor<2>],
+    ) -> Result<Tensor<1>, TrainError> {
+        let Some(objective) = self.objective else {
+            return Ok(self
+                .loss_fn
+                .forward(model.forward(images.clone()), labels.clone()));
+        };
+        let (logits, features) = if objective.uses_features() {
+            let z = model
+                .features(images.clone())
+                .ok_or(TrainError::NoFeatures)?;
+            let logits = model.head(z.clone()).ok_or(TrainError::NoFeatures)?;
+            (logits, Some(z))
+        } else {
+            (model.forward(images.clone()), None)
+        };
+        let mut loss = self.loss_fn.forward(logits.clone(), labels.clone());
+        if objective.uses_parameters() {
+            let params = ParamTable::from_module_tracked(model);
+            if let Some(extra) = objective.extra_loss(&params, self.start) {
+                loss = loss + extra;
+            }
+        }
+        let head = |z: Tensor<2>| model.head(z).expect("checked when computing the logits");
+        let batch = BatchContext {
+            images,
+            labels,
+            logits: &logits,
+            features: features.as_ref(),
+            reference_features,
+            head: &head,
+        };
+        if let Some(extra) = objective.batch_loss(&batch) {
+            loss = loss + extra;
+        }
+        Ok(loss)
+    }
 }
 
 /// Test accuracy (in `[0, 1]`) and mean cross-entropy of `model` on all of `data`.

@@ -228,6 +228,21 @@ impl Classifier for StackedCnn {
     fn blocks(&self) -> Vec<BlockSpec> {
         self.block_specs.clone()
     }
+
+    /// The input of the last FC layer (a flattened map when there is only one FC layer).
+    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
+        let last = self.convs.len() + self.fc.len() - 1;
+        let x = (0..last).fold(Features::Map(images), |x, i| self.forward_block(i, x));
+        Some(x.into_flat())
+    }
+
+    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
+        let last = self.convs.len() + self.fc.len() - 1;
+        Some(
+            self.forward_block(last, Features::Flat(features))
+                .into_flat(),
+        )
+    }
 }
 
 impl BlockForward for StackedCnn {

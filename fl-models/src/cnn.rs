@@ -88,22 +88,42 @@ impl CnnConfig {
 
 impl Classifier for Cnn {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        // ReLU and max-pool commute, so both variants can pool first (less work for the ReLU).
-        let x = relu(self.pool.forward(self.conv1.forward(images)));
-        let x = relu(self.pool.forward(self.conv2.forward(x)));
-        let mut x: Tensor<2> = x.flatten(1, 3);
-        let last = self.fc.len() - 1;
-        for (i, layer) in self.fc.iter().enumerate() {
-            x = layer.forward(x);
-            if i < last {
-                x = relu(x);
-            }
-        }
-        x
+        self.classify(self.represent(images))
     }
 
     fn blocks(&self) -> Vec<BlockSpec> {
         self.block_specs.clone()
+    }
+
+    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
+        Some(self.represent(images))
+    }
+
+    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
+        Some(self.classify(features))
+    }
+}
+
+impl Cnn {
+    /// Everything up to the last FC layer's input.
+    fn represent(&self, images: Tensor<4>) -> Tensor<2> {
+        // ReLU and max-pool commute, so both variants can pool first (less work for the ReLU).
+        let x = relu(self.pool.forward(self.conv1.forward(images)));
+        let x = relu(self.pool.forward(self.conv2.forward(x)));
+        let mut x: Tensor<2> = x.flatten(1, 3);
+        let (_, hidden) = self.fc.split_last().expect("at least one FC layer");
+        for layer in hidden {
+            x = relu(layer.forward(x));
+        }
+        x
+    }
+
+    /// The last FC layer.
+    fn classify(&self, features: Tensor<2>) -> Tensor<2> {
+        self.fc
+            .last()
+            .expect("at least one FC layer")
+            .forward(features)
     }
 }
 

@@ -61,13 +61,28 @@ impl CnnFedAvgConfig {
 
 impl Classifier for CnnFedAvg {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        let x = self.pool.forward(relu(self.conv1.forward(images)));
-        let x = self.pool.forward(relu(self.conv2.forward(x)));
-        self.fc2.forward(relu(self.fc1.forward(x.flatten(1, 3))))
+        self.fc2.forward(self.represent(images))
     }
 
     fn blocks(&self) -> Vec<BlockSpec> {
         self.block_specs.clone()
+    }
+
+    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
+        Some(self.represent(images))
+    }
+
+    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
+        Some(self.fc2.forward(features))
+    }
+}
+
+impl CnnFedAvg {
+    /// Everything up to FC2's input.
+    fn represent(&self, images: Tensor<4>) -> Tensor<2> {
+        let x = self.pool.forward(relu(self.conv1.forward(images)));
+        let x = self.pool.forward(relu(self.conv2.forward(x)));
+        relu(self.fc1.forward(x.flatten(1, 3)))
     }
 }
 

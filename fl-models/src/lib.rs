@@ -261,7 +261,24 @@ mod tests {
     fn check_shapes<M: Classifier>(kind: ModelKind, shape: [usize; 3], model: M) {
         let d = Device::flex();
         let x = Tensor::<4>::random([2, shape[0], shape[1], shape[2]], Distribution::Default, &d);
-        assert_eq!(model.forward(x).dims(), [2, 10], "{kind}");
+        let logits = model.forward(x.clone());
+        assert_eq!(logits.dims(), [2, 10], "{kind}");
+        // The representation is the last layer's input, and the head maps it to the logits.
+        let z = model
+            .features(x)
+            .expect("every model exposes its representation");
+        let [_, dim] = z.dims();
+        let split = model.head(z).expect("every model exposes its head");
+        let diff: f32 = (split - logits).abs().max().into_scalar();
+        assert!(diff < 1e-4, "{kind}: head(features(x)) differs by {diff}");
+        let table = ParamTable::from_module(&model);
+        let (_, last_layer) = table.layout().layers().last().unwrap();
+        let weight = &table.layout().tensors()[last_layer[0]];
+        assert_eq!(
+            weight.shape,
+            vec![dim, 10],
+            "{kind}: last layer is not {dim} -> 10"
+        );
         let blocks = model.blocks();
         assert!(blocks.len() >= 3, "{kind}");
         assert_eq!(blocks[0].input_shape, shape.to_vec(), "{kind}");

@@ -406,14 +406,38 @@ impl MobileNetConfig {
 
 impl Classifier for MobileNet {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        let blocks = 1 + self.units.len() + usize::from(self.head.is_some()) + self.fc.len();
-        (0..blocks)
+        (0..self.num_blocks())
             .fold(Features::Map(images), |x, i| self.forward_block(i, x))
             .into_flat()
     }
 
     fn blocks(&self) -> Vec<BlockSpec> {
         self.block_specs.clone()
+    }
+
+    /// The input of the last FC layer: the globally pooled last map when that layer is FC1.
+    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
+        let last = self.num_blocks() - 1;
+        let x = (0..last).fold(Features::Map(images), |x, i| self.forward_block(i, x));
+        Some(match x {
+            Features::Map(map) => self.pool.forward(map).flatten(1, 3),
+            Features::Flat(x) => x,
+        })
+    }
+
+    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
+        let last = self.num_blocks() - 1;
+        Some(
+            self.forward_block(last, Features::Flat(features))
+                .into_flat(),
+        )
+    }
+}
+
+impl MobileNet {
+    /// Stem, units, head (if any) and FC layers.
+    fn num_blocks(&self) -> usize {
+        1 + self.units.len() + usize::from(self.head.is_some()) + self.fc.len()
     }
 }
 

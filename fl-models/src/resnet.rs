@@ -178,15 +178,30 @@ fn stages<U>(
 
 impl Classifier for ResNet20 {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        let mut x = relu(self.stem_bn.forward(self.stem_conv.forward(images)));
-        for unit in &self.units {
-            x = unit.forward(x);
-        }
-        self.fc.forward(self.pool.forward(x).flatten(1, 3))
+        self.fc.forward(self.represent(images))
     }
 
     fn blocks(&self) -> Vec<BlockSpec> {
         self.block_specs.clone()
+    }
+
+    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
+        Some(self.represent(images))
+    }
+
+    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
+        Some(self.fc.forward(features))
+    }
+}
+
+impl ResNet20 {
+    /// The globally pooled last feature map (the FC layer's input).
+    fn represent(&self, images: Tensor<4>) -> Tensor<2> {
+        let mut x = relu(self.stem_bn.forward(self.stem_conv.forward(images)));
+        for unit in &self.units {
+            x = unit.forward(x);
+        }
+        self.pool.forward(x).flatten(1, 3)
     }
 }
 
@@ -306,14 +321,29 @@ pub struct ResNet20Ref {
 
 impl Classifier for ResNet20Ref {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        let mut x = self.stem_conv.forward(images);
-        for unit in &self.units {
-            x = unit.forward(x);
-        }
-        self.fc.forward(self.pool.forward(x).flatten(1, 3))
+        self.fc.forward(self.represent(images))
     }
 
     fn blocks(&self) -> Vec<BlockSpec> {
         self.block_specs.clone()
+    }
+
+    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
+        Some(self.represent(images))
+    }
+
+    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
+        Some(self.fc.forward(features))
+    }
+}
+
+impl ResNet20Ref {
+    /// The globally pooled last feature map (the FC layer's input).
+    fn represent(&self, images: Tensor<4>) -> Tensor<2> {
+        let mut x = self.stem_conv.forward(images);
+        for unit in &self.units {
+            x = unit.forward(x);
+        }
+        self.pool.forward(x).flatten(1, 3)
     }
 }

@@ -109,6 +109,25 @@ impl Vgg16Config {
 
 impl Classifier for Vgg16 {
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        self.fc3.forward(self.represent(images))
+    }
+
+    fn blocks(&self) -> Vec<BlockSpec> {
+        self.block_specs.clone()
+    }
+
+    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
+        Some(self.represent(images))
+    }
+
+    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
+        Some(self.fc3.forward(features))
+    }
+}
+
+impl Vgg16 {
+    /// Everything up to FC3's input.
+    fn represent(&self, images: Tensor<4>) -> Tensor<2> {
         let mut x = images;
         for unit in &self.features {
             x = relu(unit.bn.forward(unit.conv.forward(x)));
@@ -119,11 +138,6 @@ impl Classifier for Vgg16 {
         let x = self
             .dropout
             .forward(relu(self.fc1.forward(x.flatten(1, 3))));
-        let x = self.dropout.forward(relu(self.fc2.forward(x)));
-        self.fc3.forward(x)
-    }
-
-    fn blocks(&self) -> Vec<BlockSpec> {
-        self.block_specs.clone()
+        self.dropout.forward(relu(self.fc2.forward(x)))
     }
 }

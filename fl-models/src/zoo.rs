@@ -85,6 +85,20 @@ impl Classifier for ZooModel {
             })
             .collect()
     }
+
+    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
+        match self {
+            Self::Stacked(m) => m.features(images),
+            Self::Mobile(m) => m.features(images),
+        }
+    }
+
+    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
+        match self {
+            Self::Stacked(m) => m.head(features),
+            Self::Mobile(m) => m.head(features),
+        }
+    }
 }
 
 impl BlockForward for ZooModel {

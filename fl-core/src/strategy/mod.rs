@@ -2,26 +2,35 @@
 //! uploads. A strategy never trains and never touches files; it speaks in [`ParamTable`]s.
 //!
 //! One algorithm, one file: [`fedavg`], [`fedmr`], [`fedcross`], and the baselines [`fedprox`],
-//! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`]; and [`pfedclub`], personalised FL over
-//! heterogeneous models, with its own round loop.
+//! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`], [`fedasam`], [`moon`], [`clusamp`],
+//! [`fedgen`]; and [`pfedclub`], personalised FL over heterogeneous models, with its own round
+//! loop.
 
+pub mod clusamp;
+pub mod fedasam;
 pub mod fedavg;
 pub mod fedavgm;
 pub mod fedcross;
 pub mod fedexp;
+pub mod fedgen;
 pub mod fedmr;
 pub mod fedmut;
 pub mod fedprox;
+pub mod moon;
 pub mod pfedclub;
 pub mod scaffold;
 
+pub use clusamp::{Clusamp, ClusampConfig};
+pub use fedasam::{FedAsam, SharpnessAware};
 pub use fedavg::FedAvg;
 pub use fedavgm::FedAvgM;
 pub use fedcross::{FedCross, FedCrossConfig};
 pub use fedexp::FedExP;
+pub use fedgen::{FedGen, FedGenConfig};
 pub use fedmr::{FedMr, FedMrConfig};
 pub use fedmut::{FedMut, FedMutConfig};
 pub use fedprox::FedProx;
+pub use moon::Moon;
 pub use scaffold::{Scaffold, ScaffoldConfig};
 
 use std::sync::Arc;
@@ -29,7 +38,7 @@ use std::sync::Arc;
 use rand_chacha::ChaCha8Rng;
 
 use crate::layers::{LayerError, ParamTable};
-use crate::trainer::{LocalObjective, LocalUpdate};
+use crate::trainer::{LocalObjective, LocalUpdate, TrainConfig};
 
 /// Errors a strategy can report.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +82,27 @@ pub trait Strategy: Send {
         round: usize,
         clients: &[usize],
     ) -> Result<Vec<ParamTable>, StrategyError>;
+
+    /// Which clients take part this round, in dispatch order (clustered sampling draws them
+    /// itself; a client may appear twice). `client_sizes` are the clients' sample counts and
+    /// `rng` the round's sampling generator. `None` (the default) lets the engine draw `sample`
+    /// distinct clients uniformly.
+    fn select_clients(
+        &mut self,
+        round: usize,
+        client_sizes: &[usize],
+        sample: usize,
+        rng: &mut ChaCha8Rng,
+    ) -> Option<Vec<usize>> {
+        let _ = (round, client_sizes, sample, rng);
+        None
+    }
+
+    /// The clients' local training settings this round, from the run's (FedASAM turns on
+    /// sharpness-aware steps). By default, the run's settings.
+    fn local_training(&self, base: &TrainConfig) -> TrainConfig {
+        base.clone()
+    }
 
     /// The extra local loss term of each sampled client this round (FedProx's proximal term,
     /// SCAFFOLD's drift correction), in the order of `clients`; `None` trains on the plain

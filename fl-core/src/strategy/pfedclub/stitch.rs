@@ -17,7 +17,7 @@ use rand::seq::SliceRandom;
 use super::cmsr::BlockRef;
 use crate::layers::BlockSpec;
 use crate::model::{BlockForward, Features};
-use crate::trainer::{LocalObjective, make_batch};
+use crate::trainer::{BatchContext, LocalObjective, make_batch};
 
 /// A stitching layer `ReLU(Wᵀx + b)` that maps one block's output shape to the next block's
 /// input shape.
@@ -344,11 +344,11 @@ impl<M: BlockForward> LocalObjective for Teacher<M> {
     }
 
     /// λ · KL(p_teacher ‖ p_student), averaged over the batch.
-    fn batch_loss(&self, images: &Tensor<4>, logits: &Tensor<2>) -> Option<Tensor<1>> {
-        let teacher = self.logits(images.clone().inner());
+    fn batch_loss(&self, batch: &BatchContext<'_>) -> Option<Tensor<1>> {
+        let teacher = self.logits(batch.images.clone().inner());
         let p = softmax(teacher.clone(), 1);
         let log_p = log_softmax(teacher, 1);
-        let log_q = log_softmax(logits.clone(), 1);
+        let log_q = log_softmax(batch.logits.clone(), 1);
         let kl = (p * (log_p - log_q)).sum_dim(1).mean();
         Some(kl.mul_scalar(self.weight))
     }
