@@ -1,5 +1,6 @@
 //! Workspace-level tests of the library API on the real models and data.
 
+use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 use federated::core::Classifier;
 use federated::core::layers::{Granularity, ParamTable, recombine};
@@ -159,4 +160,170 @@ fn zoo_models_train_deterministically_in_parallel_and_recombine() {
             assert!((sum(&tables) - sum(&r.models)).abs() < 1e-2);
         });
     }
+}
+
+/// Mean cosine similarity between two models' representations of the same images.
+fn representation_cosine(
+    a: &federated::models::Cnn,
+    b: &federated::models::Cnn,
+    images: Tensor<4>,
+) -> f64 {
+    let (za, zb) = (
+        a.valid().features(images.clone()).unwrap(),
+        b.valid().features(images).unwrap(),
+    );
+    let dot = (za.clone() * zb.clone()).sum_dim(1);
+    let norms = za.square().sum_dim(1).sqrt() * zb.square().sum_dim(1).sqrt();
+    (dot / norms.clamp_min(1e-8)).mean().into_scalar::<f32>() as f64
+}
+
+/// MOON's term, run through the trainer on a real CNN: it pulls the client's representation
+/// towards the global model's (the reference models are loaded and run on every batch).
+#[test]
+fn moon_pulls_representations_towards_the_global_model() {
+    use federated::core::strategy::moon::Contrastive;
+    let data = load_dataset(DatasetKind::FashionMnist, None).unwrap();
+    let d = Device::flex().autodiff();
+    let model = cnn(3, [1, 28, 28], &d);
+    let global = ParamTable::from_module(&model);
+    let previous = ParamTable::from_module(&cnn(4, [1, 28, 28], &d));
+    let indices: Vec<usize> = (0..300).collect();
+    let cfg = TrainConfig {
+        local_epochs: 2,
+        batch_size: 20,
+        lr: 0.05,
+        ..TrainConfig::default()
+    };
+    let train = |objective: Option<&dyn LocalObjective>| {
+        let task = LocalTask {
+            template: model.clone(),
+            start: global.clone(),
+            data: &data.train,
+            norm: &data.normalization,
+            indices: &indices,
+            client: 0,
+            round: 1,
+            seed: 5,
+            objective,
+        };
+        train_local(task, &cfg)
+            .unwrap()
+            .table
+            .load_into(model.clone())
+            .unwrap()
+    };
+    let term = Contrastive {
+        mu: 5.0,
+        tau: 0.5,
+        global: global.clone(),
+        previous,
+    };
+    let free = train(None);
+    let pulled = train(Some(&term));
+    let probe: Vec<usize> = (1000..1200).collect();
+    let (images, _) = federated::core::trainer::make_batch(
+        &data.train,
+        &data.normalization,
+        &probe,
+        &Device::flex(),
+    );
+    let start = global
+        .load_into(cnn(9, [1, 28, 28], &Device::flex()))
+        .unwrap();
+    let free_sim = representation_cosine(&free.valid(), &start, images.clone());
+    let pulled_sim = representation_cosine(&pulled.valid(), &start, images);
+    assert!(
+        pulled_sim > free_sim + 0.01,
+        "contrastive term had no effect: cos {pulled_sim} vs {free_sim}"
+    );
+}
+
+/// A model that does not expose its representation fails MOON with a clear error, not a panic.
+#[test]
+fn a_model_without_features_is_a_clear_error_for_moon() {
+    use burn::nn::{Linear, LinearConfig};
+    use federated::core::strategy::moon::Contrastive;
+
+    #[derive(Module, Debug)]
+    struct Flat {
+        fc: Linear,
+    }
+    impl Classifier for Flat {
+        fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+            self.fc.forward(images.flatten(1, 3))
+        }
+    }
+    let data = load_dataset(DatasetKind::FashionMnist, None).unwrap();
+    let d = Device::flex().autodiff();
+    let model = Flat {
+        fc: LinearConfig::new(784, 10).init(&d),
+    };
+    let table = ParamTable::from_module(&model);
+    let term = Contrastive {
+        mu: 1.0,
+        tau: 0.5,
+        global: table.clone(),
+        previous: table.clone(),
+    };
+    let indices: Vec<usize> = (0..20).collect();
+    let task = LocalTask {
+        template: model,
+        start: table,
+        data: &data.train,
+        norm: &data.normalization,
+        indices: &indices,
+        client: 0,
+        round: 1,
+        seed: 1,
+        objective: Some(&term),
+    };
+    let err = train_local(task, &TrainConfig::default()).unwrap_err();
+    assert!(err.to_string().contains("representation"), "{err}");
+}
+
+/// ASAM through the trainer: a vanishing radius is plain SGD, a real one changes the result,
+/// and both are deterministic.
+#[test]
+fn sharpness_aware_steps_reduce_to_sgd_as_rho_vanishes() {
+    use federated::core::strategy::SharpnessAware;
+    let data = load_dataset(DatasetKind::FashionMnist, None).unwrap();
+    let d = Device::flex().autodiff();
+    let model = cnn(3, [1, 28, 28], &d);
+    let start = ParamTable::from_module(&model);
+    let indices: Vec<usize> = (0..200).collect();
+    let train = |sharpness: Option<SharpnessAware>| {
+        let cfg = TrainConfig {
+            local_epochs: 1,
+            batch_size: 20,
+            lr: 0.05,
+            sharpness,
+            ..TrainConfig::default()
+        };
+        let task = LocalTask {
+            template: model.clone(),
+            start: start.clone(),
+            data: &data.train,
+            norm: &data.normalization,
+            indices: &indices,
+            client: 0,
+            round: 1,
+            seed: 5,
+            objective: None,
+        };
+        train_local(task, &cfg).unwrap().table
+    };
+    let sgd = train(None);
+    let tiny = train(Some(SharpnessAware::asam(1e-7, 0.0)));
+    let asam = train(Some(SharpnessAware::asam(0.5, 0.01)));
+    let sam = train(Some(SharpnessAware::sam(0.05)));
+    let step = sgd.l2_distance(&start).unwrap();
+    assert!(sgd.l2_distance(&tiny).unwrap() < 1e-3 * step);
+    assert!(sgd.l2_distance(&asam).unwrap() > 1e-2 * step);
+    assert!(sgd.l2_distance(&sam).unwrap() > 1e-2 * step);
+    assert_eq!(
+        asam.to_host().unwrap(),
+        train(Some(SharpnessAware::asam(0.5, 0.01)))
+            .to_host()
+            .unwrap()
+    );
 }
