@@ -183,6 +183,9 @@ fn run_one(
         );
     }
     let partition = build_partition(cfg, &data)?;
+    let mut cfg = cfg.clone();
+    cfg.settle_clients(partition.num_clients())?;
+    let cfg = &cfg;
     let mut strategy = make(cfg, &data, &partition)?;
     let device = backend::device();
     eprintln!("backend: {} ({:?})", backend::name(), device);
@@ -301,7 +304,7 @@ fn build_partition(cfg: &RunConfig, data: &FederatedDataset) -> anyhow::Result<P
     Ok(match &cfg.partition_file {
         Some(path) => {
             let p = Partition::load(path)?;
-            if p.num_clients() != cfg.clients {
+            if cfg.clients != 0 && p.num_clients() != cfg.clients {
                 bail!(
                     "{} has {} clients, but --clients is {}",
                     path.display(),
@@ -354,7 +357,8 @@ pub fn partition(run: Option<&Path>, args: &RunArgs, image: &Path) -> anyhow::Re
     crate::partition::draw_partition(&data, &partition, &title, image)
 }
 
-/// The dataset's own split (FEMNIST: one client per writer), limited to the first `clients`.
+/// The dataset's own split (FEMNIST: one client per writer), limited to the first `clients`
+/// (all of them for 0).
 fn natural_partition(data: &FederatedDataset, clients: usize) -> anyhow::Result<Partition> {
     let Some(writers) = &data.natural_clients else {
         bail!(
@@ -369,6 +373,7 @@ fn natural_partition(data: &FederatedDataset, clients: usize) -> anyhow::Result<
             data.name
         );
     }
+    let clients = if clients == 0 { writers.len() } else { clients };
     let partition = Partition {
         clients: writers[..clients].to_vec(),
     };

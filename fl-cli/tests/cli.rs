@@ -773,6 +773,35 @@ fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
         "{}",
         stderr(&o)
     );
+    // `--clients 0`: every writer; `--sample-fraction`: the FedMR authors' `--frac`.
+    let all = dir.path().join("all-writers");
+    let o = fl(&[
+        "fedavg",
+        "--dataset",
+        "femnist",
+        "--data-dir",
+        &femnist.display().to_string(),
+        "--clients",
+        "0",
+        "--sample-fraction",
+        "0.5",
+        "--partition",
+        "natural",
+        "--rounds",
+        "1",
+        "--local-epochs",
+        "1",
+        "--quiet",
+        "--out",
+        &all.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(metrics(&all)[0]["clients"].as_array().unwrap().len(), 3);
+    let config = std::fs::read_to_string(all.join("config.toml")).unwrap();
+    assert!(
+        config.contains("clients = 6") && config.contains("sample = 3"),
+        "{config}"
+    );
     let o = fl(&[
         "fedavg",
         "--partition",

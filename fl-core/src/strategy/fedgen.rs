@@ -15,12 +15,15 @@
 //! `(B_gen/B)·α_t·CE(head(G(ŷ)), ŷ)` on `B_gen` labels drawn from the client's own label set;
 //! `α_t, β_t = max(10⁻⁴, init·0.98^(t−1))`.
 //!
-//! Defaults are the authors' MNIST/CIFAR settings: hidden 256, noise 32, generator lr 3·10⁻⁴,
-//! weight decay 10⁻², 50 generator steps of batch 128 per round, α = β = 10, B_gen = 32,
-//! ensemble α = 1, η = 1. Where the paper and code differ: the paper draws ε ~ N(0, I) (our
-//! default), the authors' code `torch.rand` (uniform on [0, 1): `NoiseKind::Uniform`). Our
-//! generator's Adam state starts afresh every round (the authors keep it across rounds); this
-//! keeps the checkpoint to the generator's weights and resumed runs exact.
+//! Defaults ([`FedGenConfig::default`]) are the FedGen authors' MNIST settings with the
+//! generator size of the FedMR authors' FedGen baseline: hidden 512, noise 100, generator lr
+//! 3·10⁻⁴, weight decay 10⁻², 50 generator steps of batch 128 per round (a fresh Adam each
+//! round, as the FedMR authors' port), α = β = 10, B_gen = 32, ensemble weights 1 (teacher) and
+//! 1 (diversity). `fl fedgen` picks α, β and the lr per dataset as the FedMR authors did.
+//! Where the paper and code differ: the paper draws ε ~ N(0, I) (our default), the FedGen code
+//! `torch.rand` (uniform on [0, 1): [`NoiseKind::Uniform`]). The FedMR authors' port also
+//! drops the α, β decay, draws ŷ from all classes with B_gen = 128 and ratio 1; we follow the
+//! FedGen authors' client loss.
 
 use std::sync::{Arc, Mutex};
 
@@ -82,8 +85,8 @@ pub struct FedGenConfig {
 impl Default for FedGenConfig {
     fn default() -> Self {
         Self {
-            hidden: 256,
-            noise_dim: 32,
+            hidden: 512,
+            noise_dim: 100,
             noise: NoiseKind::Gaussian,
             lr: 3e-4,
             weight_decay: 1e-2,
