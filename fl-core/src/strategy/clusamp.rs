@@ -28,7 +28,7 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use super::{FedAvg, Strategy, StrategyError, StrategyState};
+use super::{ClientTables, FedAvg, Strategy, StrategyError, StrategyState};
 use crate::layers::{LayerError, ParamKind, ParamTable};
 use crate::trainer::LocalUpdate;
 
@@ -78,7 +78,7 @@ pub struct Clusamp {
     avg: FedAvg,
     config: ClusampConfig,
     /// Each client's latest update (full table; only trainable tensors are compared).
-    updates: BTreeMap<usize, ParamTable>,
+    updates: ClientTables,
     /// Host copies of the updates' trainable values (derived from `updates`).
     flat: BTreeMap<usize, Vec<f32>>,
     /// Pairwise distances (derived; rows of clients whose update changed are recomputed).
@@ -94,7 +94,7 @@ impl Clusamp {
         Self {
             avg: FedAvg::unweighted(),
             config,
-            updates: BTreeMap::new(),
+            updates: ClientTables::default(),
             flat: BTreeMap::new(),
             distances: Vec::new(),
             stale: Vec::new(),
@@ -429,32 +429,17 @@ impl Strategy for Clusamp {
 
     fn state(&self) -> StrategyState {
         let mut state = self.avg.state();
-        state.tables.extend(self.updates.values().cloned());
-        let clients: Vec<usize> = self.updates.keys().copied().collect();
-        state.extra["clients"] = clients.into();
+        self.updates.save_into(&mut state);
         state
     }
 
-    fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
-        let clients: Vec<usize> = serde_json::from_value(state.extra["clients"].clone())
-            .map_err(|e| StrategyError::Restore(format!("clustered sampling clients: {e}")))?;
-        if state.tables.len() != clients.len() + 1 {
-            return Err(StrategyError::Restore(format!(
-                "clustered sampling needs 1 + {} tables, the checkpoint has {}",
-                clients.len(),
-                state.tables.len()
-            )));
-        }
-        let mut tables = state.tables.into_iter();
-        self.avg.restore(StrategyState {
-            tables: tables.next().into_iter().collect(),
-            extra: state.extra,
-        })?;
-        self.updates = clients.into_iter().zip(tables).collect();
+    fn restore(&mut self, mut state: StrategyState) -> Result<(), StrategyError> {
+        self.updates = ClientTables::take_from("clustered sampling", &mut state, 1)?;
+        self.avg.restore(state)?;
         self.flat = self
             .updates
             .iter()
-            .map(|(&c, t)| Ok((c, trainable_host(t)?)))
+            .map(|(c, t)| Ok((c, trainable_host(t)?)))
             .collect::<Result<_, LayerError>>()?;
         self.distances.clear();
         self.stale.clear();

@@ -33,6 +33,7 @@ pub use fedprox::FedProx;
 pub use moon::Moon;
 pub use scaffold::{Scaffold, ScaffoldConfig};
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rand_chacha::ChaCha8Rng;
@@ -216,5 +217,70 @@ impl ModelSlots {
         }
         self.models = tables;
         Ok(())
+    }
+}
+
+/// Tables the server keeps per client (MOON's previous models, clustered sampling's updates,
+/// SCAFFOLD's control variates). In a checkpoint they follow the strategy's own tables, and
+/// `extra["clients"]` lists whose they are.
+#[derive(Debug, Clone, Default)]
+pub struct ClientTables(BTreeMap<usize, ParamTable>);
+
+impl ClientTables {
+    /// Keeps `table` for `client` (replacing an older one).
+    pub fn insert(&mut self, client: usize, table: ParamTable) {
+        self.0.insert(client, table);
+    }
+
+    /// The table of `client`, if it has one.
+    pub fn get(&self, client: usize) -> Option<&ParamTable> {
+        self.0.get(&client)
+    }
+
+    /// The clients with a table and their tables, by client.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &ParamTable)> {
+        self.0.iter().map(|(&c, t)| (c, t))
+    }
+
+    /// How many clients have a table.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no client has a table.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Forgets every table.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// Appends the tables to `state` and lists their clients in `extra["clients"]`.
+    pub fn save_into(&self, state: &mut StrategyState) {
+        state.tables.extend(self.0.values().cloned());
+        let clients: Vec<usize> = self.0.keys().copied().collect();
+        state.extra["clients"] = clients.into();
+    }
+
+    /// Splits a checkpoint of `algorithm` into its first `own` tables and the client tables
+    /// [`save_into`](Self::save_into) appended.
+    pub fn take_from(
+        algorithm: &str,
+        state: &mut StrategyState,
+        own: usize,
+    ) -> Result<Self, StrategyError> {
+        let clients: Vec<usize> = serde_json::from_value(state.extra["clients"].clone())
+            .map_err(|e| StrategyError::Restore(format!("{algorithm} client list: {e}")))?;
+        if state.tables.len() != own + clients.len() {
+            return Err(StrategyError::Restore(format!(
+                "{algorithm} needs {own} + {} tables, the checkpoint has {}",
+                clients.len(),
+                state.tables.len()
+            )));
+        }
+        let tables = state.tables.split_off(own);
+        Ok(Self(clients.into_iter().zip(tables).collect()))
     }
 }

@@ -15,13 +15,12 @@
 //! random initialisation per client). The server keeps one table per client that has trained,
 //! in the checkpoint too.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use burn::tensor::Tensor;
 use rand_chacha::ChaCha8Rng;
 
-use super::{FedAvg, Strategy, StrategyError, StrategyState};
+use super::{ClientTables, FedAvg, Strategy, StrategyError, StrategyState};
 use crate::layers::ParamTable;
 use crate::trainer::{BatchContext, LocalObjective, LocalUpdate};
 
@@ -34,7 +33,7 @@ pub struct Moon {
     /// Temperature τ.
     pub tau: f64,
     initial: Option<ParamTable>,
-    previous: BTreeMap<usize, ParamTable>,
+    previous: ClientTables,
 }
 
 impl Moon {
@@ -45,7 +44,7 @@ impl Moon {
             mu,
             tau,
             initial: None,
-            previous: BTreeMap::new(),
+            previous: ClientTables::default(),
         }
     }
 
@@ -140,7 +139,7 @@ impl Strategy for Moon {
                     mu: self.mu,
                     tau: self.tau,
                     global: global.clone(),
-                    previous: self.previous.get(c).unwrap_or(initial).clone(),
+                    previous: self.previous.get(*c).unwrap_or(initial).clone(),
                 };
                 Some(Arc::new(term) as Arc<dyn LocalObjective>)
             })
@@ -168,33 +167,16 @@ impl Strategy for Moon {
     fn state(&self) -> StrategyState {
         let mut state = self.avg.state();
         state.tables.extend(self.initial.iter().cloned());
-        state.tables.extend(self.previous.values().cloned());
-        let clients: Vec<usize> = self.previous.keys().copied().collect();
-        state.extra["clients"] = clients.into();
+        self.previous.save_into(&mut state);
         state.extra["mu"] = self.mu.into();
         state.extra["tau"] = self.tau.into();
         state
     }
 
-    fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
-        let clients: Vec<usize> = serde_json::from_value(state.extra["clients"].clone())
-            .map_err(|e| StrategyError::Restore(format!("MOON client list: {e}")))?;
-        if state.tables.len() != clients.len() + 2 {
-            return Err(StrategyError::Restore(format!(
-                "MOON needs 2 + {} tables, the checkpoint has {}",
-                clients.len(),
-                state.tables.len()
-            )));
-        }
-        let mut tables = state.tables.into_iter();
-        let global = tables.next().into_iter().collect();
-        self.avg.restore(StrategyState {
-            tables: global,
-            extra: state.extra,
-        })?;
-        self.initial = tables.next();
-        self.previous = clients.into_iter().zip(tables).collect();
-        Ok(())
+    fn restore(&mut self, mut state: StrategyState) -> Result<(), StrategyError> {
+        self.previous = ClientTables::take_from("MOON", &mut state, 2)?;
+        self.initial = state.tables.pop();
+        self.avg.restore(state)
     }
 }
 
@@ -264,7 +246,7 @@ mod tests {
         moon.aggregate(1, vec![a.clone(), b], &mut rng).unwrap();
         assert_eq!(moon.stored_models(), 2);
         assert_eq!(
-            crate::test_model::flat(&moon.previous[&3]),
+            crate::test_model::flat(moon.previous.get(3).unwrap()),
             crate::test_model::flat(&a.table)
         );
         let mut restored = Moon::new(5.0, 0.5);

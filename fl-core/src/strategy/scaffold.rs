@@ -12,13 +12,12 @@
 //! `control_bytes`. Variates cover trainable parameters; BatchNorm statistics take the plain
 //! average. Client variates are kept for clients that have trained (memory grows with them).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use burn::tensor::Tensor;
 use rand_chacha::ChaCha8Rng;
 
-use super::{FedAvg, Strategy, StrategyError, StrategyState};
+use super::{ClientTables, FedAvg, Strategy, StrategyError, StrategyState};
 use crate::layers::{ParamKind, ParamTable};
 use crate::trainer::{LocalObjective, LocalUpdate};
 
@@ -39,7 +38,7 @@ pub struct Scaffold {
     config: ScaffoldConfig,
     global: Option<ParamTable>,
     server_control: Option<ParamTable>,
-    client_controls: BTreeMap<usize, ParamTable>,
+    client_controls: ClientTables,
 }
 
 impl Scaffold {
@@ -49,7 +48,7 @@ impl Scaffold {
             config,
             global: None,
             server_control: None,
-            client_controls: BTreeMap::new(),
+            client_controls: ClientTables::default(),
         }
     }
 
@@ -66,7 +65,7 @@ impl Scaffold {
             .ok_or(StrategyError::NotInitialised)?;
         Ok(self
             .client_controls
-            .get(&client)
+            .get(client)
             .cloned()
             .unwrap_or_else(|| c.zeros_like()))
     }
@@ -176,34 +175,24 @@ impl Strategy for Scaffold {
     }
 
     fn state(&self) -> StrategyState {
-        let tables = self
-            .global
-            .iter()
-            .chain(&self.server_control)
-            .chain(self.client_controls.values())
-            .cloned()
-            .collect();
-        let clients: Vec<usize> = self.client_controls.keys().copied().collect();
-        StrategyState {
-            tables,
-            extra: serde_json::json!({ "clients": clients, "server_lr": self.config.server_lr }),
-        }
+        let mut state = StrategyState {
+            tables: self
+                .global
+                .iter()
+                .chain(&self.server_control)
+                .cloned()
+                .collect(),
+            extra: serde_json::json!({ "server_lr": self.config.server_lr }),
+        };
+        self.client_controls.save_into(&mut state);
+        state
     }
 
-    fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
-        let clients: Vec<usize> = serde_json::from_value(state.extra["clients"].clone())
-            .map_err(|e| StrategyError::Restore(format!("SCAFFOLD client list: {e}")))?;
-        if state.tables.len() != clients.len() + 2 {
-            return Err(StrategyError::Restore(format!(
-                "SCAFFOLD needs 2 + {} tables, the checkpoint has {}",
-                clients.len(),
-                state.tables.len()
-            )));
-        }
+    fn restore(&mut self, mut state: StrategyState) -> Result<(), StrategyError> {
+        self.client_controls = ClientTables::take_from("SCAFFOLD", &mut state, 2)?;
         let mut tables = state.tables.into_iter();
         self.global = tables.next();
         self.server_control = tables.next();
-        self.client_controls = clients.into_iter().zip(tables).collect();
         Ok(())
     }
 }
