@@ -49,6 +49,9 @@ impl BenchArgs {
 struct Row {
     model: ModelKind,
     params: usize,
+    /// One client on one thread.
+    train_one_thread_per_s: f64,
+    /// One client with the whole pool (the backend's intra-op parallelism).
     train_per_s: f64,
     eval_per_s: f64,
     round_s: f64,
@@ -93,14 +96,16 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         rows.push(row);
     }
     println!(
-        "\n| model | params | train samples/s (1 client) | eval samples/s | FedMR round (s) | round samples/s | recombine K (ms) | average K (ms) | α-mix (ms) | copy K once (ms) |"
+        "\n| model | params | train samples/s (1 client, 1 thread) | train samples/s (1 client, {} threads) | eval samples/s | FedMR round (s) | round samples/s (K clients, {} threads) | recombine K (ms) | average K (ms) | α-mix (ms) | copy K once (ms) |",
+        args.threads, args.threads
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.3} | {:.2} | {:.3} | {:.2} |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.3} | {:.2} | {:.3} | {:.2} |",
             r.model,
             r.params,
+            r.train_one_thread_per_s,
             r.train_per_s,
             r.eval_per_s,
             r.round_s,
@@ -154,8 +159,18 @@ fn measure<M: Classifier>(
             cfg,
         )
     };
-    // Warm-up (allocations, kernel selection), then one client alone.
+    // Warm-up (allocations, kernel selection), then one client alone: on one thread, and with
+    // the whole pool (the backend's operations split across its threads). The engine runs
+    // clients as tasks of that same pool, so it gets client-level parallelism when K ≥ threads
+    // and intra-op parallelism otherwise, without a switch.
     client(0, &cfg)?;
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .context("thread pool")?;
+    let t = Instant::now();
+    one_thread.install(|| client(0, &cfg))?;
+    let train_one_thread_per_s = args.samples as f64 / t.elapsed().as_secs_f64();
     let t = Instant::now();
     client(0, &cfg)?;
     let train_per_s = args.samples as f64 / t.elapsed().as_secs_f64();
@@ -215,6 +230,7 @@ fn measure<M: Classifier>(
     Ok(Row {
         model: kind,
         params,
+        train_one_thread_per_s,
         train_per_s,
         eval_per_s,
         round_s,
