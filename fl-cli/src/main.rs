@@ -270,6 +270,21 @@ enum Command {
         #[command(flatten)]
         args: Box<RunArgs>,
     },
+    /// Fetch a dataset's canonical files once (verified by size and SHA-256) into the per-user
+    /// cache, where every subcommand finds them.
+    Download {
+        /// Dataset: fashion-mnist, mnist, cifar10, cifar100 (also cifar100-coarse), svhn.
+        dataset: String,
+        /// Target directory (default: ~/.cache/fl/DATASET, searched by dataset resolution).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Fetch the canonical file names from this base URL instead (a local mirror).
+        #[arg(long, value_name = "URL")]
+        mirror: Option<String>,
+        /// No progress bar (also automatic when stderr is not a terminal).
+        #[arg(long)]
+        quiet: bool,
+    },
     /// List the models with their parameter counts and blocks for a dataset.
     Models {
         /// Dataset whose input shape and classes to use.
@@ -414,6 +429,12 @@ fn main() -> ExitCode {
             .and_then(|g| report::compare_table(&g, target, format))
             .map(|table| print!("{table}")),
         Command::Models { dataset } => run::list_models(&dataset),
+        Command::Download {
+            dataset,
+            dir,
+            mirror,
+            quiet,
+        } => run::download(&dataset, dir, mirror.as_deref(), quiet),
         Command::Partition { run, image, args } => run::partition(run.as_deref(), &args, &image),
         Command::Bench {
             models,

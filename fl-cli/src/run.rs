@@ -437,3 +437,61 @@ pub fn list_models(dataset: &str) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A progress bar per downloaded file.
+struct DownloadBar {
+    bar: Option<ProgressBar>,
+    quiet: bool,
+}
+
+impl fl_data::download::Progress for DownloadBar {
+    fn start(&mut self, name: &str, size: u64) {
+        if self.quiet {
+            return;
+        }
+        let bar = ProgressBar::new(size).with_style(
+            ProgressStyle::with_template("{msg:28} {bar:30} {bytes}/{total_bytes} [{eta_precise}]")
+                .expect("valid template"),
+        );
+        bar.set_message(name.to_string());
+        self.bar = Some(bar);
+    }
+
+    fn advance(&mut self, bytes: u64) {
+        if let Some(bar) = &self.bar {
+            bar.inc(bytes);
+        }
+    }
+
+    fn finish(&mut self, name: &str) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        if !self.quiet {
+            eprintln!("{name}: verified");
+        }
+    }
+}
+
+/// `fl download`.
+pub fn download(
+    dataset: &str,
+    dir: Option<std::path::PathBuf>,
+    mirror: Option<&str>,
+    quiet: bool,
+) -> anyhow::Result<()> {
+    let kind: fl_data::DatasetKind = dataset.parse()?;
+    let mut files = fl_data::download::sources(kind)?;
+    if let Some(base) = mirror {
+        files = files.iter().map(|f| f.from_mirror(base)).collect();
+    }
+    let dir = match dir {
+        Some(d) => d,
+        None => fl_data::download::default_dir(kind)
+            .context("no home directory for the cache; pass --dir")?,
+    };
+    let quiet = quiet || !std::io::stderr().is_terminal();
+    fl_data::download::download(&files, &dir, &mut DownloadBar { bar: None, quiet })?;
+    println!("{kind}: files verified in {}", dir.display());
+    Ok(())
+}

@@ -1189,3 +1189,36 @@ fn moon_fedasam_clusamp_and_fedgen_run_end_to_end() {
         );
     }
 }
+
+/// `fl download` reports what cannot be fetched in one line: an unreachable mirror (nothing is
+/// left behind), a dataset without a canonical archive, an unknown name.
+#[test]
+fn download_errors_are_one_line() {
+    let dir = tmp();
+    let target = dir.path().join("fmnist");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let mirror = format!("http://{addr}");
+    let o = fl(&[
+        "download",
+        "fashion-mnist",
+        "--mirror",
+        &mirror,
+        "--dir",
+        &target.display().to_string(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.starts_with("error: download failed") && err.contains(&mirror),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+    for (dataset, expected) in [("femnist", "LEAF"), ("imagenet", "unknown dataset")] {
+        let o = fl(&["download", dataset, "--quiet"]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(stderr(&o).contains(expected), "{}", stderr(&o));
+    }
+}

@@ -37,6 +37,9 @@ pub enum DataError {
     /// A partition request that cannot be satisfied.
     #[error("invalid partition: {0}")]
     Partition(String),
+    /// Fetching or verifying a dataset's files failed.
+    #[error("download failed: {0}")]
+    Download(String),
 }
 
 impl DataError {

@@ -9,12 +9,14 @@
 //! - [`image_folder`]: users' own PNG/JPEG images in class folders.
 //! - [`svhn`]: SVHN cropped digits (MATLAB v5 `.mat`).
 //! - [`femnist`]: FEMNIST in LEAF's JSON, with its natural one-client-per-writer partition.
+//! - [`download`]: fetching the canonical files once, verified by SHA-256.
 //! - [`source`]: which files to read (`--data-dir`, `$FL_DATA_DIR`, system paths, embedded copy).
 //! - [`partition`]: IID, Dirichlet and pathological label partitions with feasibility checks.
 //! - [`PersonalSplit`]: public set plus per-client train/test portions (personalised FL).
 
 pub mod cifar;
 mod dataset;
+pub mod download;
 mod error;
 pub mod femnist;
 pub mod idx;

@@ -152,6 +152,9 @@ impl DatasetKind {
         dirs.push(PathBuf::from("/usr/share/datasets").join(self.name()));
         if self == Self::Cifar100Coarse {
             // The coarse labels live in the same files as the fine ones.
+            if let Some(cache) = crate::download::default_dir(self) {
+                dirs.insert(1, cache);
+            }
             dirs.push(PathBuf::from("/usr/share/datasets").join(Self::Cifar100.name()));
         }
         dirs
