@@ -694,6 +694,44 @@ fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
     // The 3-channel cnn: 62,006 parameters per model, 2 clients each way.
     assert_eq!(m[0]["bytes_down"], 2 * 62_006 * 4);
 
+    // CIFAR-100's binary files (coarse label, fine label, pixels), trained on the 20 coarse
+    // classes as the FedMR/FedCross code does: the cnn's head has 20 outputs.
+    let c100 = dir.path().join("c100").join("cifar-100-binary");
+    std::fs::create_dir_all(&c100).unwrap();
+    for (file, n) in [("train.bin", 40u8), ("test.bin", 10)] {
+        let bytes: Vec<u8> = (0..n)
+            .flat_map(|i| {
+                let mut r = vec![i % 20, (i * 3) % 100];
+                r.extend(std::iter::repeat_n(i * 6, 3072));
+                r
+            })
+            .collect();
+        std::fs::write(c100.join(file), bytes).unwrap();
+    }
+    let out = dir.path().join("c100-run");
+    let o = fl(&[
+        "fedavg",
+        "--dataset",
+        "cifar100-coarse",
+        "--data-dir",
+        &dir.path().join("c100").display().to_string(),
+        "--clients",
+        "4",
+        "--sample",
+        "2",
+        "--rounds",
+        "1",
+        "--local-epochs",
+        "1",
+        "--partition",
+        "iid",
+        "--quiet",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(metrics(&out)[0]["bytes_down"], 2 * (62_006 + 85 * 10) * 4);
+
     // SVHN's MATLAB files (compressed, as distributed), found in an `svhn/` subfolder.
     let svhn = dir.path().join("data").join("svhn");
     std::fs::create_dir_all(&svhn).unwrap();
