@@ -5,7 +5,7 @@ use burn::tensor::{Device, Tensor};
 use federated::core::Classifier;
 use federated::core::layers::{Granularity, ParamTable, recombine};
 use federated::core::trainer::{LocalObjective, LocalTask, TrainConfig, train_local};
-use federated::data::{DatasetKind, load_dataset};
+use federated::data::{DatasetKind, FederatedDataset, load_dataset};
 use federated::models::CnnConfig;
 use rand::SeedableRng;
 
@@ -51,6 +51,29 @@ fn block_recombination_of_real_cnns_preserves_the_sum() {
     }
 }
 
+/// Round-1 training of `client` on `indices` of the Fashion-MNIST training set.
+fn client_task<'a, M>(
+    data: &'a FederatedDataset,
+    template: M,
+    start: ParamTable,
+    indices: &'a [usize],
+    client: usize,
+    seed: u64,
+    objective: Option<&'a dyn LocalObjective>,
+) -> LocalTask<'a, M> {
+    LocalTask {
+        template,
+        start,
+        data: &data.train,
+        norm: &data.normalization,
+        indices,
+        client,
+        round: 1,
+        seed,
+        objective,
+    }
+}
+
 /// A FedProx-style pull towards the received model: with a large weight the client stays closer.
 struct Proximal(f64);
 
@@ -81,17 +104,15 @@ fn the_loss_hook_changes_local_training() {
         ..TrainConfig::default()
     };
     let distance = |objective: Option<&dyn LocalObjective>| {
-        let task = LocalTask {
-            template: model.clone(),
-            start: start.clone(),
-            data: &data.train,
-            norm: &data.normalization,
-            indices: &indices,
-            client: 0,
-            round: 1,
-            seed: 5,
+        let task = client_task(
+            &data,
+            model.clone(),
+            start.clone(),
+            &indices,
+            0,
+            5,
             objective,
-        };
+        );
         let update = train_local(task, &cfg).unwrap();
         update.table.l2_distance(&start).unwrap()
     };
@@ -125,17 +146,15 @@ fn zoo_models_train_deterministically_in_parallel_and_recombine() {
             let start = ParamTable::from_module(&model);
             let train = |client: usize| {
                 let indices: Vec<usize> = (client * 64..client * 64 + 64).collect();
-                let task = LocalTask {
-                    template: model.clone(),
-                    start: start.clone(),
-                    data: &data.train,
-                    norm: &data.normalization,
-                    indices: &indices,
+                let task = client_task(
+                    &data,
+                    model.clone(),
+                    start.clone(),
+                    &indices,
                     client,
-                    round: 1,
-                    seed: 9,
-                    objective: None,
-                };
+                    9,
+                    None,
+                );
                 train_local(task, &cfg).unwrap().table.to_host().unwrap()
             };
             let sequential: Vec<_> = (0..3).map(train).collect();
@@ -195,17 +214,15 @@ fn moon_pulls_representations_towards_the_global_model() {
         ..TrainConfig::default()
     };
     let train = |objective: Option<&dyn LocalObjective>| {
-        let task = LocalTask {
-            template: model.clone(),
-            start: global.clone(),
-            data: &data.train,
-            norm: &data.normalization,
-            indices: &indices,
-            client: 0,
-            round: 1,
-            seed: 5,
+        let task = client_task(
+            &data,
+            model.clone(),
+            global.clone(),
+            &indices,
+            0,
+            5,
             objective,
-        };
+        );
         train_local(task, &cfg)
             .unwrap()
             .table
@@ -266,17 +283,7 @@ fn a_model_without_features_is_a_clear_error_for_moon() {
         previous: table.clone(),
     };
     let indices: Vec<usize> = (0..20).collect();
-    let task = LocalTask {
-        template: model,
-        start: table,
-        data: &data.train,
-        norm: &data.normalization,
-        indices: &indices,
-        client: 0,
-        round: 1,
-        seed: 1,
-        objective: Some(&term),
-    };
+    let task = client_task(&data, model, table, &indices, 0, 1, Some(&term));
     let err = train_local(task, &TrainConfig::default()).unwrap_err();
     assert!(err.to_string().contains("representation"), "{err}");
 }
@@ -299,17 +306,7 @@ fn sharpness_aware_steps_reduce_to_sgd_as_rho_vanishes() {
             sharpness,
             ..TrainConfig::default()
         };
-        let task = LocalTask {
-            template: model.clone(),
-            start: start.clone(),
-            data: &data.train,
-            norm: &data.normalization,
-            indices: &indices,
-            client: 0,
-            round: 1,
-            seed: 5,
-            objective: None,
-        };
+        let task = client_task(&data, model.clone(), start.clone(), &indices, 0, 5, None);
         train_local(task, &cfg).unwrap().table
     };
     let sgd = train(None);

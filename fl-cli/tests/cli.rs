@@ -663,18 +663,14 @@ fn write_femnist_fixture(root: &Path, writers: usize, per_writer: usize) {
     }
 }
 
-#[test]
-fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
-    let dir = tmp();
-    let cifar = dir.path().join("cifar");
-    write_cifar10_fixture(&cifar, 40);
-    let out = dir.path().join("cifar-run");
-    let o = fl(&[
+/// One FedAvg round of 2 of 4 IID clients on `dataset` read from `data_dir`.
+fn one_round_on(dataset: &str, data_dir: &Path, out: &Path) -> Output {
+    fl(&[
         "fedavg",
         "--dataset",
-        "cifar10",
+        dataset,
         "--data-dir",
-        &cifar.display().to_string(),
+        &data_dir.display().to_string(),
         "--clients",
         "4",
         "--sample",
@@ -688,7 +684,16 @@ fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
         "--quiet",
         "--out",
         &out.display().to_string(),
-    ]);
+    ])
+}
+
+#[test]
+fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
+    let dir = tmp();
+    let cifar = dir.path().join("cifar");
+    write_cifar10_fixture(&cifar, 40);
+    let out = dir.path().join("cifar-run");
+    let o = one_round_on("cifar10", &cifar, &out);
     assert!(o.status.success(), "{}", stderr(&o));
     let m = metrics(&out);
     // The 3-channel cnn: 62,006 parameters per model, 2 clients each way.
@@ -709,26 +714,7 @@ fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
         std::fs::write(c100.join(file), bytes).unwrap();
     }
     let out = dir.path().join("c100-run");
-    let o = fl(&[
-        "fedavg",
-        "--dataset",
-        "cifar100-coarse",
-        "--data-dir",
-        &dir.path().join("c100").display().to_string(),
-        "--clients",
-        "4",
-        "--sample",
-        "2",
-        "--rounds",
-        "1",
-        "--local-epochs",
-        "1",
-        "--partition",
-        "iid",
-        "--quiet",
-        "--out",
-        &out.display().to_string(),
-    ]);
+    let o = one_round_on("cifar100-coarse", &dir.path().join("c100"), &out);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(metrics(&out)[0]["bytes_down"], 2 * (62_006 + 85 * 10) * 4);
 
@@ -743,26 +729,7 @@ fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
         fl_data::svhn::write_fixture(&svhn.join(file), &images, &labels, true).unwrap();
     }
     let out = dir.path().join("svhn-run");
-    let o = fl(&[
-        "fedavg",
-        "--dataset",
-        "svhn",
-        "--data-dir",
-        &dir.path().join("data").display().to_string(),
-        "--clients",
-        "4",
-        "--sample",
-        "2",
-        "--rounds",
-        "1",
-        "--local-epochs",
-        "1",
-        "--partition",
-        "iid",
-        "--quiet",
-        "--out",
-        &out.display().to_string(),
-    ]);
+    let o = one_round_on("svhn", &dir.path().join("data"), &out);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(metrics(&out).len(), 1);
 
