@@ -114,6 +114,23 @@ pub fn curve(group: &RunGroup, metric: Metric) -> Vec<(usize, f64, f64)> {
         .collect()
 }
 
+/// Strategy metrics that count traffic on top of the models sent (`bytes_down`, `bytes_up`):
+/// SCAFFOLD's control variates, FedGen's generator, secure FedMR's client-to-client exchange.
+const EXTRA_TRAFFIC: [&str; 3] = [
+    "control_bytes",
+    "generator_bytes_down",
+    "secure_exchange_bytes",
+];
+
+/// Every byte a round communicated.
+fn round_bytes(m: &RoundMetrics) -> f64 {
+    let extra: u64 = EXTRA_TRAFFIC
+        .iter()
+        .filter_map(|k| m.extra.get(*k).and_then(serde_json::Value::as_u64))
+        .sum();
+    (m.bytes_down + m.bytes_up) as f64 + extra as f64
+}
+
 /// Summary numbers of one run.
 struct RunSummary {
     final_acc: f64,
@@ -133,11 +150,7 @@ fn summarise(run: &[RoundMetrics], target: f64) -> Option<RunSummary> {
         final_acc,
         best_acc: evaluated.iter().map(|x| x.1).fold(f64::MIN, f64::max),
         rounds_to_target: evaluated.iter().find(|x| x.1 >= target).map(|x| x.0),
-        megabytes: run
-            .iter()
-            .map(|m| (m.bytes_down + m.bytes_up) as f64)
-            .sum::<f64>()
-            / 1e6,
+        megabytes: run.iter().map(round_bytes).sum::<f64>() / 1e6,
         rounds: run.last().map_or(0, |m| m.round),
     })
 }
@@ -278,5 +291,15 @@ mod tests {
             csv.lines().nth(1).unwrap(),
             "fedx,2,3,80.00+-14.14,80.00+-14.14,1,3.00+-0.00"
         );
+    }
+
+    #[test]
+    fn total_traffic_counts_control_variates_and_generators() {
+        let mut r = round(1, Some(0.5));
+        assert_eq!(round_bytes(&r), 1e6);
+        r.extra.insert("control_bytes".into(), 250_000.into());
+        r.extra.insert("generator_bytes_down".into(), 50_000.into());
+        r.extra.insert("stage".into(), "fedavg".into());
+        assert_eq!(round_bytes(&r), 1.3e6);
     }
 }

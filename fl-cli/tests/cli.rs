@@ -1174,6 +1174,8 @@ fn moon_fedasam_clusamp_and_fedgen_run_end_to_end() {
     for l in &m {
         assert!(l["generator_loss"].as_f64().unwrap().is_finite(), "{l}");
     }
+    assert_eq!(m[0]["generator_bytes_down"], 0);
+    assert!(m[1]["generator_bytes_down"].as_u64().unwrap() > 0);
 
     for bad in [
         vec!["moon", "--tau", "0"],

@@ -246,6 +246,12 @@ impl FedGen {
         }
     }
 
+    /// Whether clients are regularised this round (the generator is first trained after
+    /// round 1).
+    fn uses_generator(&self, round: usize) -> bool {
+        round >= 2 && (self.config.alpha > 0.0 || self.config.beta > 0.0)
+    }
+
     fn classes(&self) -> usize {
         self.label_counts.first().map_or(0, Vec::len)
     }
@@ -478,8 +484,7 @@ impl Strategy for FedGen {
         round: usize,
         clients: &[usize],
     ) -> Result<Vec<Option<Arc<dyn LocalObjective>>>, StrategyError> {
-        // The generator is first trained after round 1.
-        if round < 2 || (self.config.alpha == 0.0 && self.config.beta == 0.0) {
+        if !self.uses_generator(round) {
             return Ok(vec![None; clients.len()]);
         }
         let generator = self
@@ -520,10 +525,18 @@ impl Strategy for FedGen {
         updates: Vec<LocalUpdate>,
         rng: &mut ChaCha8Rng,
     ) -> Result<serde_json::Map<String, serde_json::Value>, StrategyError> {
+        // The clients of this round received the generator with the model (from round 2 on).
+        let generator_bytes = match &self.generator {
+            Some(g) if self.uses_generator(round) => {
+                ParamTable::from_module(g).byte_size() * updates.len()
+            }
+            _ => 0,
+        };
         let (teacher, diversity) = self.train_generator(&updates, rng)?;
         let mut extra = self.avg.aggregate(round, updates, rng)?;
         extra.insert("generator_loss".into(), teacher.into());
         extra.insert("diversity_loss".into(), diversity.into());
+        extra.insert("generator_bytes_down".into(), generator_bytes.into());
         Ok(extra)
     }
 
