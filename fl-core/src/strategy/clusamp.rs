@@ -391,7 +391,12 @@ impl Strategy for Clusamp {
         let merges = ward_linkage(&linkage_input);
         let (rows, clusters) = sampling_distributions(&merges, client_sizes, sample, rng);
         self.last_clusters = clusters;
-        rows.iter().map(|row| draw(row, rng)).collect()
+        let chosen: Option<Vec<usize>> = rows.iter().map(|row| draw(row, rng)).collect();
+        if chosen.is_none() {
+            // Cannot happen (every distribution holds mass N), but say so if it ever does.
+            tracing::warn!("clustered sampling built an empty distribution; sampling uniformly");
+        }
+        chosen
     }
 
     fn dispatch(
