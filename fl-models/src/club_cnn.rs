@@ -1,5 +1,6 @@
 //! pFedClub's custom CNNs (CNN1–CNN4), as one configurable stack of conv and FC layers.
 
+use crate::kernels::{conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
@@ -248,13 +249,13 @@ impl Classifier for StackedCnn {
 impl BlockForward for StackedCnn {
     fn forward_block(&self, index: usize, x: Features) -> Features {
         if let Some(layer) = self.convs.get(index) {
-            let mut x = layer.conv.forward(x.into_map());
+            let mut x = conv2d_forward(&layer.conv, x.into_map());
             if let Some(bn) = &layer.bn {
                 x = bn.forward(x);
             }
             x = relu(x);
             if layer.pool {
-                x = self.pool.forward(x);
+                x = max_pool2d_forward(&self.pool, x);
             }
             return Features::Map(x);
         }

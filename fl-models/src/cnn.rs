@@ -1,3 +1,4 @@
+use crate::kernels::{conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
@@ -108,8 +109,14 @@ impl Cnn {
     /// Everything up to the last FC layer's input.
     fn represent(&self, images: Tensor<4>) -> Tensor<2> {
         // ReLU and max-pool commute, so both variants can pool first (less work for the ReLU).
-        let x = relu(self.pool.forward(self.conv1.forward(images)));
-        let x = relu(self.pool.forward(self.conv2.forward(x)));
+        let x = relu(max_pool2d_forward(
+            &self.pool,
+            conv2d_forward(&self.conv1, images),
+        ));
+        let x = relu(max_pool2d_forward(
+            &self.pool,
+            conv2d_forward(&self.conv2, x),
+        ));
         let mut x: Tensor<2> = x.flatten(1, 3);
         let (_, hidden) = self.fc.split_last().expect("at least one FC layer");
         for layer in hidden {

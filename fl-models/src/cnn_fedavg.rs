@@ -1,3 +1,4 @@
+use crate::kernels::{conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
@@ -80,8 +81,8 @@ impl Classifier for CnnFedAvg {
 impl CnnFedAvg {
     /// Everything up to FC2's input.
     fn represent(&self, images: Tensor<4>) -> Tensor<2> {
-        let x = self.pool.forward(relu(self.conv1.forward(images)));
-        let x = self.pool.forward(relu(self.conv2.forward(x)));
+        let x = max_pool2d_forward(&self.pool, relu(conv2d_forward(&self.conv1, images)));
+        let x = max_pool2d_forward(&self.pool, relu(conv2d_forward(&self.conv2, x)));
         relu(self.fc1.forward(x.flatten(1, 3)))
     }
 }

@@ -8,6 +8,7 @@ mod club_cnn;
 mod cnn;
 mod cnn_fedavg;
 mod common;
+pub mod kernels;
 mod mobilenet;
 mod resnet;
 mod vgg;

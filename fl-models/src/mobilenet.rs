@@ -1,5 +1,6 @@
 //! MobileNetV1, V2 and V3-Small with CIFAR-sized strides (32×32 inputs keep a useful map size).
 
+use crate::kernels::conv2d_forward;
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
@@ -72,7 +73,8 @@ impl ConvBnAct {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        self.act.apply(self.bn.forward(self.conv.forward(x)))
+        self.act
+            .apply(self.bn.forward(conv2d_forward(&self.conv, x)))
     }
 }
 
@@ -96,8 +98,8 @@ impl SqueezeExcite {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let scale = relu(self.down.forward(self.pool.forward(x.clone())));
-        let scale = hard_sigmoid(self.up.forward(scale), 1.0 / 6.0, 0.5);
+        let scale = relu(conv2d_forward(&self.down, self.pool.forward(x.clone())));
+        let scale = hard_sigmoid(conv2d_forward(&self.up, scale), 1.0 / 6.0, 0.5);
         x * scale
     }
 }

@@ -1,5 +1,6 @@
 //! ResNet-20 as published (He et al. 2016) and as the FedMR authors ran it.
 
+use crate::kernels::{conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2dConfig};
@@ -47,8 +48,8 @@ impl BasicBlock {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let out = relu(self.bn1.forward(self.conv1.forward(x.clone())));
-        let out = self.bn2.forward(self.conv2.forward(out));
+        let out = relu(self.bn1.forward(conv2d_forward(&self.conv1, x.clone())));
+        let out = self.bn2.forward(conv2d_forward(&self.conv2, out));
         relu(out + self.shortcut(x))
     }
 
@@ -58,10 +59,12 @@ impl BasicBlock {
         if self.stride == 1 && self.pad_channels == 0 {
             return x;
         }
-        let x = MaxPool2dConfig::new([1, 1])
-            .with_strides([self.stride, self.stride])
-            .init()
-            .forward(x);
+        let x = max_pool2d_forward(
+            &MaxPool2dConfig::new([1, 1])
+                .with_strides([self.stride, self.stride])
+                .init(),
+            x,
+        );
         let [n, _, h, w] = x.dims();
         let zeros = Tensor::<4>::zeros([n, self.pad_channels, h, w], &x.device());
         Tensor::cat(vec![zeros.clone(), x, zeros], 1)
@@ -197,7 +200,10 @@ impl Classifier for ResNet20 {
 impl ResNet20 {
     /// The globally pooled last feature map (the FC layer's input).
     fn represent(&self, images: Tensor<4>) -> Tensor<2> {
-        let mut x = relu(self.stem_bn.forward(self.stem_conv.forward(images)));
+        let mut x = relu(
+            self.stem_bn
+                .forward(conv2d_forward(&self.stem_conv, images)),
+        );
         for unit in &self.units {
             x = unit.forward(x);
         }
@@ -289,12 +295,12 @@ impl PreActBottleneck {
         let pre = relu(self.bn1.forward(x.clone()));
         // Pre-activation: the projection shortcut sees the normalised input, identity sees x.
         let shortcut = match &self.shortcut {
-            Some(proj) => proj.forward(pre.clone()),
+            Some(proj) => conv2d_forward(proj, pre.clone()),
             None => x,
         };
-        let out = self.conv1.forward(pre);
-        let out = self.conv2.forward(relu(self.bn2.forward(out)));
-        let out = self.conv3.forward(relu(self.bn3.forward(out)));
+        let out = conv2d_forward(&self.conv1, pre);
+        let out = conv2d_forward(&self.conv2, relu(self.bn2.forward(out)));
+        let out = conv2d_forward(&self.conv3, relu(self.bn3.forward(out)));
         out + shortcut
     }
 }
@@ -340,7 +346,7 @@ impl Classifier for ResNet20Ref {
 impl ResNet20Ref {
     /// The globally pooled last feature map (the FC layer's input).
     fn represent(&self, images: Tensor<4>) -> Tensor<2> {
-        let mut x = self.stem_conv.forward(images);
+        let mut x = conv2d_forward(&self.stem_conv, images);
         for unit in &self.units {
             x = unit.forward(x);
         }

@@ -1,0 +1,676 @@
+//! The CPU kernels themselves, on plain `f32` slices in NCHW layout.
+//!
+//! Convolution is im2col + one gemm per sample, written straight into (or read straight from) the
+//! NCHW tensor, so nothing is converted to channels-last and no batch-sized column matrix is ever
+//! built. Samples run in parallel on the rayon pool; the weight gradient sums fixed chunks of
+//! samples and adds the chunk sums in order, so results do not depend on the thread count.
+
+use rayon::prelude::*;
+
+/// Samples per partial sum of the weight gradient (fixed, so the summation order, and hence the
+/// result, is the same with any number of threads).
+const WEIGHT_GRAD_CHUNK: usize = 8;
+
+/// Shapes and options of one 2-D convolution (groups 1, dilation 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dGeometry {
+    /// Batch size.
+    pub batch: usize,
+    /// Input channels.
+    pub c_in: usize,
+    /// Input height and width.
+    pub input: [usize; 2],
+    /// Output channels.
+    pub c_out: usize,
+    /// Kernel height and width.
+    pub kernel: [usize; 2],
+    /// Stride along height and width.
+    pub stride: [usize; 2],
+    /// Zero padding before the first row and column (the padding after only shortens or lengthens
+    /// the output, which `output` already says).
+    pub pad_begin: [usize; 2],
+    /// Output height and width.
+    pub output: [usize; 2],
+}
+
+impl Conv2dGeometry {
+    fn in_plane(&self) -> usize {
+        self.input[0] * self.input[1]
+    }
+    fn out_plane(&self) -> usize {
+        self.output[0] * self.output[1]
+    }
+    /// Rows of the column matrix: one per (input channel, kernel row, kernel column).
+    fn col_rows(&self) -> usize {
+        self.c_in * self.kernel[0] * self.kernel[1]
+    }
+    /// A 1×1 convolution with stride 1 and no padding needs no column matrix at all.
+    fn is_pointwise(&self) -> bool {
+        self.kernel == [1, 1] && self.stride == [1, 1] && self.pad_begin == [0, 0]
+    }
+    /// Input elements per sample.
+    pub fn input_len(&self) -> usize {
+        self.c_in * self.in_plane()
+    }
+    /// Output elements per sample.
+    pub fn output_len(&self) -> usize {
+        self.c_out * self.out_plane()
+    }
+    /// Weight elements.
+    pub fn weight_len(&self) -> usize {
+        self.c_out * self.col_rows()
+    }
+
+    /// The output columns `[lo, hi)` whose input column `ox * stride + kx - pad` is inside the
+    /// image, for kernel column `kx`.
+    fn valid_columns(&self, kx: usize) -> (usize, usize) {
+        let (w, sw, pw, ow) = (
+            self.input[1],
+            self.stride[1],
+            self.pad_begin[1],
+            self.output[1],
+        );
+        let lo = (pw.saturating_sub(kx)).div_ceil(sw).min(ow);
+        // Largest ox with ox * sw + kx - pw <= w - 1.
+        let hi = if w + pw > kx {
+            ((w + pw - kx - 1) / sw + 1).min(ow)
+        } else {
+            0
+        };
+        (lo, hi.max(lo))
+    }
+}
+
+/// Copies one sample's receptive fields into `col` (`col_rows × out_plane`, row-major).
+fn im2col(g: &Conv2dGeometry, x: &[f32], col: &mut [f32]) {
+    let [h, w] = g.input;
+    let [kh, kw] = g.kernel;
+    let [sh, sw] = g.stride;
+    let [ph, pw] = g.pad_begin;
+    let [oh, ow] = g.output;
+    let out_plane = g.out_plane();
+    for c in 0..g.c_in {
+        let plane = &x[c * h * w..(c + 1) * h * w];
+        for ky in 0..kh {
+            for kx in 0..kw {
+                let row = &mut col[((c * kh + ky) * kw + kx) * out_plane..][..out_plane];
+                let (lo, hi) = g.valid_columns(kx);
+                for oy in 0..oh {
+                    let dst = &mut row[oy * ow..(oy + 1) * ow];
+                    let iy = (oy * sh + ky).wrapping_sub(ph);
+                    if iy >= h {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[iy * w..(iy + 1) * w];
+                    dst[..lo].fill(0.0);
+                    dst[hi..].fill(0.0);
+                    if sw == 1 {
+                        let start = lo + kx - pw;
+                        dst[lo..hi].copy_from_slice(&src[start..start + (hi - lo)]);
+                    } else {
+                        for (ox, d) in dst[lo..hi].iter_mut().enumerate() {
+                            *d = src[(lo + ox) * sw + kx - pw];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds the column matrix `col` back onto one sample's input gradient (the adjoint of [`im2col`]).
+fn col2im_add(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32]) {
+    let [h, w] = g.input;
+    let [kh, kw] = g.kernel;
+    let [sh, sw] = g.stride;
+    let [ph, pw] = g.pad_begin;
+    let [oh, ow] = g.output;
+    let out_plane = g.out_plane();
+    for c in 0..g.c_in {
+        let plane = &mut dx[c * h * w..(c + 1) * h * w];
+        for ky in 0..kh {
+            for kx in 0..kw {
+                let row = &col[((c * kh + ky) * kw + kx) * out_plane..][..out_plane];
+                let (lo, hi) = g.valid_columns(kx);
+                for oy in 0..oh {
+                    let iy = (oy * sh + ky).wrapping_sub(ph);
+                    if iy >= h {
+                        continue;
+                    }
+                    let src = &row[oy * ow..(oy + 1) * ow];
+                    let dst = &mut plane[iy * w..(iy + 1) * w];
+                    if sw == 1 {
+                        let start = lo + kx - pw;
+                        for (d, s) in dst[start..start + (hi - lo)].iter_mut().zip(&src[lo..hi]) {
+                            *d += s;
+                        }
+                    } else {
+                        for ox in lo..hi {
+                            dst[ox * sw + kx - pw] += src[ox];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `dst (m×n, row stride dst_rs) = [dst +] lhs (m×k) · rhs (k×n)`, with arbitrary strides for
+/// the operands (so transposes are free). Single-threaded: callers parallelise over samples.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    [m, n, k]: [usize; 3],
+    dst: &mut [f32],
+    dst_rs: usize,
+    accumulate: bool,
+    (lhs, lhs_rs, lhs_cs): (&[f32], usize, usize),
+    (rhs, rhs_rs, rhs_cs): (&[f32], usize, usize),
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for row in 0..m {
+                dst[row * dst_rs..row * dst_rs + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    // The largest element each operand's strides reach must lie inside its slice: this is the
+    // whole safety argument for the raw-pointer call below.
+    assert!((m - 1) * dst_rs + n <= dst.len(), "matmul: dst too short");
+    assert!(
+        (m - 1) * lhs_rs + (k - 1) * lhs_cs < lhs.len(),
+        "matmul: lhs too short"
+    );
+    assert!(
+        (k - 1) * rhs_rs + (n - 1) * rhs_cs < rhs.len(),
+        "matmul: rhs too short"
+    );
+    // SAFETY: the asserts above bound every index gemm computes from these strides; `dst` is an
+    // exclusive borrow, and the operands are shared borrows that do not alias it.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// Forward convolution: `y[n] = W · im2col(x[n]) + b`. `x` is `[batch, c_in, h, w]`, `weight`
+/// `[c_out, c_in, kh, kw]`, the result `[batch, c_out, oh, ow]`.
+pub fn conv2d_forward(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    let (rows, out_plane) = (g.col_rows(), g.out_plane());
+    let mut y = vec![0.0f32; g.batch * g.output_len()];
+    if g.output_len() == 0 {
+        return y;
+    }
+    y.par_chunks_mut(g.output_len())
+        .zip(x.par_chunks(g.input_len().max(1)))
+        .for_each_init(
+            || {
+                vec![
+                    0.0f32;
+                    if g.is_pointwise() {
+                        0
+                    } else {
+                        rows * out_plane
+                    }
+                ]
+            },
+            |col, (y_n, x_n)| {
+                if let Some(bias) = bias {
+                    for (plane, &b) in y_n.chunks_mut(out_plane).zip(bias) {
+                        plane.fill(b);
+                    }
+                }
+                let cols: &[f32] = if g.is_pointwise() {
+                    x_n
+                } else {
+                    im2col(g, x_n, col);
+                    col
+                };
+                matmul(
+                    [g.c_out, out_plane, rows],
+                    y_n,
+                    out_plane,
+                    bias.is_some(),
+                    (weight, rows, 1),
+                    (cols, out_plane, 1),
+                );
+            },
+        );
+    y
+}
+
+/// Input gradient: `dx[n] = col2im(Wᵀ · dy[n])`.
+pub fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    let (rows, out_plane) = (g.col_rows(), g.out_plane());
+    let mut dx = vec![0.0f32; g.batch * g.input_len()];
+    if g.input_len() == 0 || g.output_len() == 0 {
+        return dx;
+    }
+    dx.par_chunks_mut(g.input_len())
+        .zip(dy.par_chunks(g.output_len()))
+        .for_each_init(
+            || {
+                vec![
+                    0.0f32;
+                    if g.is_pointwise() {
+                        0
+                    } else {
+                        rows * out_plane
+                    }
+                ]
+            },
+            |col, (dx_n, dy_n)| {
+                // Wᵀ is W read with swapped strides.
+                if g.is_pointwise() {
+                    matmul(
+                        [rows, out_plane, g.c_out],
+                        dx_n,
+                        out_plane,
+                        false,
+                        (weight, 1, rows),
+                        (dy_n, out_plane, 1),
+                    );
+                } else {
+                    matmul(
+                        [rows, out_plane, g.c_out],
+                        col,
+                        out_plane,
+                        false,
+                        (weight, 1, rows),
+                        (dy_n, out_plane, 1),
+                    );
+                    col2im_add(g, col, dx_n);
+                }
+            },
+        );
+    dx
+}
+
+/// Weight and bias gradients: `dW = Σₙ dy[n] · im2col(x[n])ᵀ`, `db = Σₙ Σ_pixels dy[n]`.
+pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (rows, out_plane) = (g.col_rows(), g.out_plane());
+    let (w_len, c_out) = (g.weight_len(), g.c_out);
+    if g.batch == 0 || g.output_len() == 0 {
+        return (vec![0.0; w_len], vec![0.0; c_out]);
+    }
+    let chunks = g.batch.div_ceil(WEIGHT_GRAD_CHUNK);
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = (0..chunks)
+        .into_par_iter()
+        .map(|chunk| {
+            let mut dw = vec![0.0f32; w_len];
+            let mut db = vec![0.0f32; c_out];
+            let mut col = vec![
+                0.0f32;
+                if g.is_pointwise() {
+                    0
+                } else {
+                    rows * out_plane
+                }
+            ];
+            let first = chunk * WEIGHT_GRAD_CHUNK;
+            for n in first..(first + WEIGHT_GRAD_CHUNK).min(g.batch) {
+                let x_n = &x[n * g.input_len()..(n + 1) * g.input_len()];
+                let dy_n = &dy[n * g.output_len()..(n + 1) * g.output_len()];
+                let cols: &[f32] = if g.is_pointwise() {
+                    x_n
+                } else {
+                    im2col(g, x_n, &mut col);
+                    &col
+                };
+                // colsᵀ is cols read with swapped strides.
+                matmul(
+                    [c_out, rows, out_plane],
+                    &mut dw,
+                    rows,
+                    n > first,
+                    (dy_n, out_plane, 1),
+                    (cols, 1, out_plane),
+                );
+                for (b, plane) in db.iter_mut().zip(dy_n.chunks(out_plane)) {
+                    *b += plane.iter().sum::<f32>();
+                }
+            }
+            (dw, db)
+        })
+        .collect();
+    let mut parts = partials.into_iter();
+    let (mut dw, mut db) = parts.next().expect("at least one chunk");
+    for (pw, pb) in parts {
+        dw.iter_mut().zip(&pw).for_each(|(a, b)| *a += b);
+        db.iter_mut().zip(&pb).for_each(|(a, b)| *a += b);
+    }
+    (dw, db)
+}
+
+/// Shapes and options of one max-pooling (no padding, no dilation, floor mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolGeometry {
+    /// Batch × channels: the number of independent planes.
+    pub planes: usize,
+    /// Input height and width.
+    pub input: [usize; 2],
+    /// Window height and width.
+    pub kernel: [usize; 2],
+    /// Stride along height and width.
+    pub stride: [usize; 2],
+    /// Output height and width.
+    pub output: [usize; 2],
+}
+
+impl PoolGeometry {
+    /// The offset (within the plane) of the maximum of window `(oy, ox)`: the first maximum in
+    /// row-major order, or the first NaN (which max-pooling propagates).
+    #[inline]
+    fn argmax(&self, plane: &[f32], oy: usize, ox: usize) -> usize {
+        let w = self.input[1];
+        let (y0, x0) = (oy * self.stride[0], ox * self.stride[1]);
+        let mut best = y0 * w + x0;
+        let mut best_val = plane[best];
+        if best_val.is_nan() {
+            return best;
+        }
+        for ky in 0..self.kernel[0] {
+            let row = (y0 + ky) * w + x0;
+            for kx in 0..self.kernel[1] {
+                let v = plane[row + kx];
+                if v > best_val || v.is_nan() {
+                    best = row + kx;
+                    best_val = v;
+                    if v.is_nan() {
+                        return best;
+                    }
+                }
+            }
+        }
+        best
+    }
+}
+
+/// Max-pooling forward.
+pub fn max_pool2d_forward(g: &PoolGeometry, x: &[f32]) -> Vec<f32> {
+    let in_plane = g.input[0] * g.input[1];
+    let [oh, ow] = g.output;
+    let mut y = vec![0.0f32; g.planes * oh * ow];
+    if oh * ow == 0 || in_plane == 0 {
+        return y;
+    }
+    let pair = g.kernel == [2, 2] && g.stride == [2, 2];
+    y.par_chunks_mut(oh * ow)
+        .zip(x.par_chunks(in_plane))
+        .for_each(|(y_p, x_p)| {
+            for oy in 0..oh {
+                let out = &mut y_p[oy * ow..(oy + 1) * ow];
+                if pair {
+                    // The common 2×2/2 case without index bookkeeping; `max` keeps the same
+                    // value as `argmax` except for NaN, which the general path handles.
+                    let w = g.input[1];
+                    let r0 = &x_p[2 * oy * w..];
+                    let r1 = &x_p[(2 * oy + 1) * w..];
+                    let mut any_nan = false;
+                    for (ox, o) in out.iter_mut().enumerate() {
+                        let (a, b, c, d) = (r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1]);
+                        *o = a.max(b).max(c.max(d));
+                        any_nan |= a.is_nan() | b.is_nan() | c.is_nan() | d.is_nan();
+                    }
+                    if !any_nan {
+                        continue;
+                    }
+                }
+                for (ox, o) in out.iter_mut().enumerate() {
+                    *o = x_p[g.argmax(x_p, oy, ox)];
+                }
+            }
+        });
+    y
+}
+
+/// Max-pooling backward: each output's gradient goes to its window's maximum.
+pub fn max_pool2d_backward(g: &PoolGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    let in_plane = g.input[0] * g.input[1];
+    let [oh, ow] = g.output;
+    let mut dx = vec![0.0f32; g.planes * in_plane];
+    if oh * ow == 0 || in_plane == 0 {
+        return dx;
+    }
+    dx.par_chunks_mut(in_plane)
+        .zip(x.par_chunks(in_plane).zip(dy.par_chunks(oh * ow)))
+        .for_each(|(dx_p, (x_p, dy_p))| {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    dx_p[g.argmax(x_p, oy, ox)] += dy_p[oy * ow + ox];
+                }
+            }
+        });
+    dx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The convolution by its definition, in f64.
+    fn naive_conv(g: &Conv2dGeometry, x: &[f32], w: &[f32], b: &[f32]) -> Vec<f32> {
+        let [h, wd] = g.input;
+        let [kh, kw] = g.kernel;
+        let [oh, ow] = g.output;
+        let mut y = vec![0.0f32; g.batch * g.output_len()];
+        for n in 0..g.batch {
+            for o in 0..g.c_out {
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let mut acc = b[o] as f64;
+                        for c in 0..g.c_in {
+                            for ky in 0..kh {
+                                for kx in 0..kw {
+                                    let iy =
+                                        (oy * g.stride[0] + ky) as isize - g.pad_begin[0] as isize;
+                                    let ix =
+                                        (ox * g.stride[1] + kx) as isize - g.pad_begin[1] as isize;
+                                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                        continue;
+                                    }
+                                    let xv =
+                                        x[((n * g.c_in + c) * h + iy as usize) * wd + ix as usize];
+                                    let wv = w[((o * g.c_in + c) * kh + ky) * kw + kx];
+                                    acc += xv as f64 * wv as f64;
+                                }
+                            }
+                        }
+                        y[((n * g.c_out + o) * oh + oy) * ow + ox] = acc as f32;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                let v = (i as u32)
+                    .wrapping_mul(2654435761)
+                    .wrapping_add(seed.wrapping_mul(97));
+                ((v >> 8) % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn geometry(
+        [batch, c_in, h, w]: [usize; 4],
+        [c_out, kh, kw]: [usize; 3],
+        stride: [usize; 2],
+        pad: [(usize, usize); 2],
+    ) -> Conv2dGeometry {
+        let out = |i: usize, k: usize, s: usize, (a, b): (usize, usize)| (i + a + b - k) / s + 1;
+        Conv2dGeometry {
+            batch,
+            c_in,
+            input: [h, w],
+            c_out,
+            kernel: [kh, kw],
+            stride,
+            pad_begin: [pad[0].0, pad[1].0],
+            output: [out(h, kh, stride[0], pad[0]), out(w, kw, stride[1], pad[1])],
+        }
+    }
+
+    fn cases() -> Vec<Conv2dGeometry> {
+        vec![
+            geometry([3, 3, 9, 8], [4, 5, 5], [1, 1], [(0, 0), (0, 0)]),
+            geometry([2, 4, 7, 7], [5, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            geometry([2, 3, 8, 9], [2, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+            geometry([2, 2, 6, 5], [3, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+            geometry([1, 2, 7, 6], [3, 1, 1], [2, 2], [(0, 0), (0, 0)]),
+            geometry([2, 2, 5, 6], [2, 3, 2], [1, 2], [(2, 0), (0, 1)]),
+            geometry([17, 2, 5, 5], [3, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        ]
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                "at {i}: {x} vs {y}"
+            );
+        }
+    }
+
+    #[test]
+    fn forward_matches_the_definition() {
+        for g in cases() {
+            let x = values(g.batch * g.input_len(), 1);
+            let w = values(g.weight_len(), 2);
+            let b = values(g.c_out, 3);
+            let expected = naive_conv(&g, &x, &w, &b);
+            close(&conv2d_forward(&g, &x, &w, Some(&b)), &expected);
+            let zeros = vec![0.0; g.c_out];
+            let expected = naive_conv(&g, &x, &w, &zeros);
+            close(&conv2d_forward(&g, &x, &w, None), &expected);
+        }
+    }
+
+    /// The gradients are the adjoints of the forward map: ⟨dy, conv(x)⟩ is linear in x and in w,
+    /// so ⟨dx, x'⟩ = ⟨dy, conv_w(x')⟩ and ⟨dW, w'⟩ = ⟨dy, conv_{w'}(x)⟩ for any x', w'.
+    #[test]
+    fn gradients_are_the_adjoints_of_the_forward_map() {
+        let dot = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| *x as f64 * *y as f64)
+                .sum::<f64>()
+        };
+        for g in cases() {
+            let x = values(g.batch * g.input_len(), 4);
+            let w = values(g.weight_len(), 5);
+            let dy = values(g.batch * g.output_len(), 6);
+            let probe_x = values(x.len(), 7);
+            let probe_w = values(w.len(), 8);
+            let dx = conv2d_input_grad(&g, &w, &dy);
+            let lhs = dot(&dx, &probe_x);
+            let rhs = dot(&dy, &conv2d_forward(&g, &probe_x, &w, None));
+            assert!(
+                (lhs - rhs).abs() < 1e-3 * (1.0 + rhs.abs()),
+                "{g:?}: dx {lhs} vs {rhs}"
+            );
+            let (dw, db) = conv2d_weight_grad(&g, &x, &dy);
+            let lhs = dot(&dw, &probe_w);
+            let rhs = dot(&dy, &conv2d_forward(&g, &x, &probe_w, None));
+            assert!(
+                (lhs - rhs).abs() < 1e-3 * (1.0 + rhs.abs()),
+                "{g:?}: dW {lhs} vs {rhs}"
+            );
+            let out_plane = g.output[0] * g.output[1];
+            for (o, b) in db.iter().enumerate() {
+                let sum: f64 = (0..g.batch)
+                    .flat_map(|n| dy[(n * g.c_out + o) * out_plane..][..out_plane].iter())
+                    .map(|v| *v as f64)
+                    .sum();
+                assert!((*b as f64 - sum).abs() < 1e-3, "{g:?}: db");
+            }
+        }
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let g = geometry([37, 3, 12, 12], [6, 5, 5], [1, 1], [(0, 0), (0, 0)]);
+        let x = values(g.batch * g.input_len(), 9);
+        let dy = values(g.batch * g.output_len(), 10);
+        let run = |threads| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| conv2d_weight_grad(&g, &x, &dy))
+        };
+        assert_eq!(run(1), run(3));
+    }
+
+    #[test]
+    fn max_pool_picks_the_first_maximum_and_routes_its_gradient() {
+        let g = PoolGeometry {
+            planes: 2,
+            input: [4, 5],
+            kernel: [2, 2],
+            stride: [2, 2],
+            output: [2, 2],
+        };
+        let mut x = values(40, 11);
+        x[0] = 5.0;
+        x[1] = 5.0; // a tie: the first one wins
+        x[27] = f32::NAN;
+        let y = max_pool2d_forward(&g, &x);
+        assert_eq!(y[0], 5.0);
+        assert!(y[4 + 1].is_nan(), "NaN propagates: {y:?}");
+        let general = PoolGeometry {
+            kernel: [2, 2],
+            ..g
+        };
+        for p in 0..2 {
+            for oy in 0..2 {
+                for ox in 0..2 {
+                    let plane = &x[p * 20..(p + 1) * 20];
+                    let m = plane[general.argmax(plane, oy, ox)];
+                    let got = y[p * 4 + oy * 2 + ox];
+                    assert!(m == got || (m.is_nan() && got.is_nan()));
+                }
+            }
+        }
+        let dy: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+        let dx = max_pool2d_backward(&g, &x, &dy);
+        assert_eq!(dx[0], 1.0);
+        assert_eq!(dx[1], 0.0);
+        assert_eq!(dx.iter().sum::<f32>(), dy.iter().sum::<f32>());
+        assert_eq!(dx[27], 6.0, "the NaN takes its window's gradient");
+        // Column 4 is never in a window (floor mode).
+        assert!((0..4).all(|r| dx[r * 5 + 4] == 0.0));
+    }
+}

@@ -1,0 +1,210 @@
+//! Faster convolution and max-pooling on CPU, used by every model in this crate.
+//!
+//! On the flex backend (feature `flex`, on by default) 2-D convolutions with groups 1 and
+//! dilation 1 and unpadded max-pooling run hand-written kernels: im2col + gemm per sample straight
+//! in NCHW layout (flex's own convolution converts to channels-last and packs the batch, and
+//! computes the weight gradient as a convolution with the whole feature map as its kernel), and
+//! a direct max-pool whose backward pass recomputes the window maxima instead of keeping an index
+//! tensor. They plug into Burn as a backend extension with their own backward passes, so models
+//! stay ordinary backend-generic Burn modules: on any other backend, and for any other
+//! convolution (depthwise, dilated, `f16`, ...), these functions call Burn's own
+//! [`conv2d`](burn::tensor::module::conv2d) and [`max_pool2d`](burn::tensor::module::max_pool2d).
+//!
+//! Results are deterministic and independent of the thread count; they differ from Burn's own
+//! kernels only by floating-point summation order.
+
+#[cfg(feature = "flex")]
+pub(crate) mod cpu;
+#[cfg(feature = "flex")]
+mod flex;
+
+use burn::nn::PaddingConfig2d;
+use burn::nn::conv::Conv2d;
+use burn::nn::pool::MaxPool2d;
+use burn::tensor::Tensor;
+use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
+
+/// 2-D convolution, as [`burn::tensor::module::conv2d`], on the fast kernels where they apply.
+pub fn conv2d(
+    x: Tensor<4>,
+    weight: Tensor<4>,
+    bias: Option<Tensor<1>>,
+    options: ConvOptions<2>,
+) -> Tensor<4> {
+    #[cfg(feature = "flex")]
+    let (x, weight, bias, options) = match flex::try_conv2d(x, weight, bias, options) {
+        Ok(y) => return y,
+        Err(args) => args,
+    };
+    burn::tensor::module::conv2d(x, weight, bias, options)
+}
+
+/// 2-D max-pooling, as [`burn::tensor::module::max_pool2d`], on the fast kernel where it applies.
+pub fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
+    #[cfg(feature = "flex")]
+    let (x, options) = match flex::try_max_pool2d(x, options) {
+        Ok(y) => return y,
+        Err(args) => args,
+    };
+    burn::tensor::module::max_pool2d(x, options)
+}
+
+/// Burn's [`Conv2d::forward`] on the fast kernels: the same padding rules and parameters.
+pub fn conv2d_forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
+    let [_, _, h, w] = x.dims();
+    let ((top, bottom), (left, right)) =
+        padding_pairs(&conv.padding, [h, w], conv.kernel_size, conv.stride);
+    let options = ConvOptions::new_with_padding(
+        conv.stride,
+        [(top, bottom), (left, right)],
+        conv.dilation,
+        conv.groups,
+    );
+    conv2d(
+        x,
+        conv.weight.val(),
+        conv.bias.as_ref().map(|b| b.val()),
+        options,
+    )
+}
+
+/// Burn's [`MaxPool2d::forward`] on the fast kernel: the same options.
+pub fn max_pool2d_forward(pool: &MaxPool2d, x: Tensor<4>) -> Tensor<4> {
+    let [_, _, h, w] = x.dims();
+    let (rows, cols) = padding_pairs(&pool.padding, [h, w], pool.kernel_size, pool.stride);
+    let options = MaxPoolOptions::new(pool.kernel_size)
+        .with_stride(pool.stride)
+        .with_padding_pairs([rows, cols])
+        .with_dilation(pool.dilation)
+        .with_ceil_mode(pool.ceil_mode);
+    max_pool2d(x, options)
+}
+
+type PaddingPairs = ((usize, usize), (usize, usize));
+
+/// The (begin, end) padding of both spatial axes, by Burn's rules (its own helper is private):
+/// `Same` pads `(out - 1) · stride + kernel - in` in all, the smaller half first.
+fn padding_pairs(
+    padding: &PaddingConfig2d,
+    [h, w]: [usize; 2],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+) -> PaddingPairs {
+    let same = |k: usize, s: usize, size: usize| {
+        let out = size.div_ceil(s);
+        let total = if out > 0 {
+            ((out - 1) * s + k).saturating_sub(size)
+        } else {
+            0
+        };
+        (total / 2, total - total / 2)
+    };
+    match padding {
+        PaddingConfig2d::Valid => ((0, 0), (0, 0)),
+        PaddingConfig2d::Same => (same(kernel[0], stride[0], h), same(kernel[1], stride[1], w)),
+        PaddingConfig2d::Explicit(top, left, bottom, right) => ((*top, *bottom), (*left, *right)),
+    }
+}
+
+#[cfg(all(test, feature = "flex"))]
+mod tests {
+    use super::*;
+    use burn::nn::PaddingConfig2d;
+    use burn::nn::conv::Conv2dConfig;
+    use burn::nn::pool::MaxPool2dConfig;
+    use burn::tensor::{Device, Distribution, Tensor};
+
+    fn close(a: Tensor<4>, b: Tensor<4>) {
+        let (a, b) = (
+            a.into_data().try_to_vec::<f32>().unwrap(),
+            b.into_data().try_to_vec::<f32>().unwrap(),
+        );
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
+        }
+    }
+
+    /// Forward values and all three gradients agree with Burn's own convolution on flex.
+    #[test]
+    fn convolution_and_its_gradients_match_burn() {
+        let device = Device::flex().autodiff();
+        let configs = [
+            Conv2dConfig::new([3, 6], [5, 5]),
+            Conv2dConfig::new([4, 8], [3, 3]).with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1)),
+            Conv2dConfig::new([4, 8], [3, 3])
+                .with_stride([2, 2])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .with_bias(false),
+            Conv2dConfig::new([4, 8], [1, 1]).with_stride([2, 2]),
+            Conv2dConfig::new([5, 3], [1, 1]),
+            // Even kernel, "same" padding: asymmetric (1 before, 2 after).
+            Conv2dConfig::new([2, 3], [4, 4]).with_padding(PaddingConfig2d::Same),
+        ];
+        for config in configs {
+            let conv = config.init(&device);
+            let x = Tensor::<4>::random(
+                [5, config.channels[0], 11, 10],
+                Distribution::Normal(0.0, 1.0),
+                &device,
+            )
+            .require_grad();
+            let ours = conv2d_forward(&conv, x.clone());
+            let burns = conv.forward(x.clone());
+            close(ours.clone(), burns.clone());
+            let probe = Tensor::<4>::random(burns.dims(), Distribution::Normal(0.0, 1.0), &device);
+            let g_ours = (ours * probe.clone()).sum().backward();
+            let g_burn = (burns * probe).sum().backward();
+            close(
+                x.grad(&g_ours).unwrap().into(),
+                x.grad(&g_burn).unwrap().into(),
+            );
+            let w = &conv.weight;
+            close(w.grad(&g_ours).unwrap(), w.grad(&g_burn).unwrap());
+            if let Some(b) = &conv.bias {
+                let (a, c) = (b.grad(&g_ours).unwrap(), b.grad(&g_burn).unwrap());
+                close(a.reshape([1, 1, 1, -1]), c.reshape([1, 1, 1, -1]));
+            }
+        }
+    }
+
+    #[test]
+    fn max_pooling_and_its_gradient_match_burn() {
+        let device = Device::flex().autodiff();
+        for (kernel, stride) in [([2, 2], [2, 2]), ([3, 3], [2, 2]), ([2, 3], [1, 2])] {
+            let pool = MaxPool2dConfig::new(kernel).with_strides(stride).init();
+            let x = Tensor::<4>::random([3, 4, 9, 11], Distribution::Normal(0.0, 1.0), &device)
+                .require_grad();
+            let ours = max_pool2d_forward(&pool, x.clone());
+            let burns = pool.forward(x.clone());
+            close(ours.clone(), burns.clone());
+            let probe = Tensor::<4>::random(burns.dims(), Distribution::Normal(0.0, 1.0), &device);
+            let g_ours = (ours * probe.clone()).sum().backward();
+            let g_burn = (burns * probe).sum().backward();
+            close(
+                x.grad(&g_ours).unwrap().into(),
+                x.grad(&g_burn).unwrap().into(),
+            );
+        }
+    }
+
+    /// Without autodiff (evaluation), and for what the kernels do not handle, results are Burn's.
+    #[test]
+    fn inference_and_unsupported_options_fall_back_cleanly() {
+        let device = Device::flex();
+        let conv = Conv2dConfig::new([4, 8], [3, 3]).init(&device);
+        let x = Tensor::<4>::random([2, 4, 8, 8], Distribution::Normal(0.0, 1.0), &device);
+        close(conv2d_forward(&conv, x.clone()), conv.forward(x.clone()));
+        let depthwise = Conv2dConfig::new([4, 4], [3, 3])
+            .with_groups(4)
+            .init(&device);
+        close(
+            conv2d_forward(&depthwise, x.clone()),
+            depthwise.forward(x.clone()),
+        );
+        let padded = MaxPool2dConfig::new([2, 2])
+            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+            .init();
+        close(max_pool2d_forward(&padded, x.clone()), padded.forward(x));
+    }
+}
