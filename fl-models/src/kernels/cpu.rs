@@ -81,8 +81,70 @@ impl Conv2dGeometry {
     }
 }
 
-/// Copies one sample's receptive fields into `col` (`col_rows × out_plane`, row-major).
-fn im2col(g: &Conv2dGeometry, x: &[f32], col: &mut [f32]) {
+/// `dst.copy_from_slice(src)` for the short rows of small feature maps: whole 8-float blocks
+/// compile to single vector moves instead of a `memcpy` call per row.
+#[inline(always)]
+fn copy_short(dst: &mut [f32], src: &[f32]) {
+    let mut d = dst.chunks_exact_mut(8);
+    let mut s = src.chunks_exact(8);
+    for (d, s) in (&mut d).zip(&mut s) {
+        let block: [f32; 8] = s.try_into().expect("8-float block");
+        d.copy_from_slice(&block);
+    }
+    for (d, s) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d = *s;
+    }
+}
+
+/// `Σ values`, in eight interleaved partial sums (so it vectorises; the order is fixed).
+#[inline]
+fn sum(values: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let chunks = values.chunks_exact(8);
+    let rest: f32 = chunks.remainder().iter().sum();
+    for chunk in chunks {
+        for (l, v) in lanes.iter_mut().zip(chunk) {
+            *l += v;
+        }
+    }
+    lanes.iter().sum::<f32>() + rest
+}
+
+/// Calls `$generic` compiled for AVX2 when the CPU has it (the copy loops of im2col and col2im
+/// move whole 256-bit registers then), and as compiled for the baseline target otherwise.
+macro_rules! avx2_dispatch {
+    ($(#[$doc:meta])* fn $name:ident => $generic:ident($($arg:ident: $ty:ty),*)) => {
+        $(#[$doc])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) {
+                    $generic($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2, checked just above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $generic($($arg),*)
+        }
+    };
+}
+
+avx2_dispatch! {
+    /// Copies one sample's receptive fields into `col` (`col_rows × out_plane`, row-major).
+    fn im2col => im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32])
+}
+
+avx2_dispatch! {
+    /// Adds the column matrix `col` back onto one sample's input gradient (the adjoint of
+    /// [`im2col`]).
+    fn col2im_add => col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32])
+}
+
+#[inline(always)]
+fn im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32]) {
     let [h, w] = g.input;
     let [kh, kw] = g.kernel;
     let [sh, sw] = g.stride;
@@ -107,7 +169,7 @@ fn im2col(g: &Conv2dGeometry, x: &[f32], col: &mut [f32]) {
                     dst[hi..].fill(0.0);
                     if sw == 1 {
                         let start = lo + kx - pw;
-                        dst[lo..hi].copy_from_slice(&src[start..start + (hi - lo)]);
+                        copy_short(&mut dst[lo..hi], &src[start..start + (hi - lo)]);
                     } else {
                         for (ox, d) in dst[lo..hi].iter_mut().enumerate() {
                             *d = src[(lo + ox) * sw + kx - pw];
@@ -119,8 +181,8 @@ fn im2col(g: &Conv2dGeometry, x: &[f32], col: &mut [f32]) {
     }
 }
 
-/// Adds the column matrix `col` back onto one sample's input gradient (the adjoint of [`im2col`]).
-fn col2im_add(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32]) {
+#[inline(always)]
+fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32]) {
     let [h, w] = g.input;
     let [kh, kw] = g.kernel;
     let [sh, sw] = g.stride;
@@ -355,7 +417,7 @@ pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
                     (cols, 1, out_plane),
                 );
                 for (b, plane) in db.iter_mut().zip(dy_n.chunks(out_plane)) {
-                    *b += plane.iter().sum::<f32>();
+                    *b += sum(plane);
                 }
             }
             (dw, db)
@@ -414,6 +476,24 @@ impl PoolGeometry {
     }
 }
 
+/// Whether a plane holds a NaN (a branch-free fold, so it vectorises).
+fn has_nan(plane: &[f32]) -> bool {
+    plane.iter().fold(false, |acc, v| acc | v.is_nan())
+}
+
+/// Where the first maximum of a 2×2 window `[a, b; c, d]` of NaN-free values is (row-major,
+/// 0..4).
+#[inline]
+fn argmax_2x2(a: f32, b: f32, c: f32, d: f32) -> usize {
+    let (mut at, mut best) = (0, a);
+    for (i, v) in [(1, b), (2, c), (3, d)] {
+        if v > best {
+            (at, best) = (i, v);
+        }
+    }
+    at
+}
+
 /// Max-pooling forward.
 pub fn max_pool2d_forward(g: &PoolGeometry, x: &[f32]) -> Vec<f32> {
     let in_plane = g.input[0] * g.input[1];
@@ -423,27 +503,31 @@ pub fn max_pool2d_forward(g: &PoolGeometry, x: &[f32]) -> Vec<f32> {
         return y;
     }
     let pair = g.kernel == [2, 2] && g.stride == [2, 2];
+    let w = g.input[1];
     y.par_chunks_mut(oh * ow)
         .zip(x.par_chunks(in_plane))
         .for_each(|(y_p, x_p)| {
-            for oy in 0..oh {
-                let out = &mut y_p[oy * ow..(oy + 1) * ow];
-                if pair {
-                    // The common 2×2/2 case without index bookkeeping; `max` keeps the same
-                    // value as `argmax` except for NaN, which the general path handles.
-                    let w = g.input[1];
-                    let r0 = &x_p[2 * oy * w..];
-                    let r1 = &x_p[(2 * oy + 1) * w..];
-                    let mut any_nan = false;
+            if pair && !has_nan(x_p) {
+                // The common 2×2/2 case on NaN-free data: plain comparisons, no index bookkeeping.
+                for (oy, out) in y_p.chunks_exact_mut(ow).enumerate() {
+                    let (r0, r1) = (&x_p[2 * oy * w..], &x_p[(2 * oy + 1) * w..]);
                     for (ox, o) in out.iter_mut().enumerate() {
-                        let (a, b, c, d) = (r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1]);
-                        *o = a.max(b).max(c.max(d));
-                        any_nan |= a.is_nan() | b.is_nan() | c.is_nan() | d.is_nan();
-                    }
-                    if !any_nan {
-                        continue;
+                        let top = if r0[2 * ox + 1] > r0[2 * ox] {
+                            r0[2 * ox + 1]
+                        } else {
+                            r0[2 * ox]
+                        };
+                        let bottom = if r1[2 * ox + 1] > r1[2 * ox] {
+                            r1[2 * ox + 1]
+                        } else {
+                            r1[2 * ox]
+                        };
+                        *o = if bottom > top { bottom } else { top };
                     }
                 }
+                return;
+            }
+            for (oy, out) in y_p.chunks_exact_mut(ow).enumerate() {
                 for (ox, o) in out.iter_mut().enumerate() {
                     *o = x_p[g.argmax(x_p, oy, ox)];
                 }
@@ -460,9 +544,28 @@ pub fn max_pool2d_backward(g: &PoolGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> 
     if oh * ow == 0 || in_plane == 0 {
         return dx;
     }
+    let pair = g.kernel == [2, 2] && g.stride == [2, 2];
+    let w = g.input[1];
     dx.par_chunks_mut(in_plane)
         .zip(x.par_chunks(in_plane).zip(dy.par_chunks(oh * ow)))
         .for_each(|(dx_p, (x_p, dy_p))| {
+            if pair && !has_nan(x_p) {
+                for (oy, grads) in dy_p.chunks_exact(ow).enumerate() {
+                    let (r0, r1) = (2 * oy * w, (2 * oy + 1) * w);
+                    for (ox, &grad) in grads.iter().enumerate() {
+                        let (a, b) = (x_p[r0 + 2 * ox], x_p[r0 + 2 * ox + 1]);
+                        let (c, d) = (x_p[r1 + 2 * ox], x_p[r1 + 2 * ox + 1]);
+                        let at = match argmax_2x2(a, b, c, d) {
+                            0 => r0 + 2 * ox,
+                            1 => r0 + 2 * ox + 1,
+                            2 => r1 + 2 * ox,
+                            _ => r1 + 2 * ox + 1,
+                        };
+                        dx_p[at] += grad;
+                    }
+                }
+                return;
+            }
             for oy in 0..oh {
                 for ox in 0..ow {
                     dx_p[g.argmax(x_p, oy, ox)] += dy_p[oy * ow + ox];
