@@ -278,6 +278,19 @@ fn matmul(
     }
 }
 
+impl Conv2dGeometry {
+    /// A scratch column matrix for one sample (empty for pointwise convolutions, which read the
+    /// input directly).
+    fn col_buffer(&self) -> Vec<f32> {
+        let len = if self.is_pointwise() {
+            0
+        } else {
+            self.col_rows() * self.out_plane()
+        };
+        vec![0.0; len]
+    }
+}
+
 /// Forward convolution: `y[n] = W · im2col(x[n]) + b`. `x` is `[batch, c_in, h, w]`, `weight`
 /// `[c_out, c_in, kh, kw]`, the result `[batch, c_out, oh, ow]`.
 pub fn conv2d_forward(
@@ -286,52 +299,52 @@ pub fn conv2d_forward(
     weight: &[f32],
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
-    let (rows, out_plane) = (g.col_rows(), g.out_plane());
     let mut y = vec![0.0f32; g.batch * g.output_len()];
-    if g.output_len() == 0 {
+    if g.output_len() == 0 || g.input_len() == 0 {
         return y;
     }
     y.par_chunks_mut(g.output_len())
-        .zip(x.par_chunks(g.input_len().max(1)))
+        .zip(x.par_chunks(g.input_len()))
         .for_each_init(
-            || {
-                vec![
-                    0.0f32;
-                    if g.is_pointwise() {
-                        0
-                    } else {
-                        rows * out_plane
-                    }
-                ]
-            },
-            |col, (y_n, x_n)| {
-                if let Some(bias) = bias {
-                    for (plane, &b) in y_n.chunks_mut(out_plane).zip(bias) {
-                        plane.fill(b);
-                    }
-                }
-                let cols: &[f32] = if g.is_pointwise() {
-                    x_n
-                } else {
-                    im2col(g, x_n, col);
-                    col
-                };
-                matmul(
-                    [g.c_out, out_plane, rows],
-                    y_n,
-                    out_plane,
-                    bias.is_some(),
-                    (weight, rows, 1),
-                    (cols, out_plane, 1),
-                );
-            },
+            || g.col_buffer(),
+            |col, (y_n, x_n)| forward_sample(g, x_n, weight, bias, col, y_n),
         );
     y
 }
 
+#[inline(never)]
+fn forward_sample(
+    g: &Conv2dGeometry,
+    x_n: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    col: &mut [f32],
+    y_n: &mut [f32],
+) {
+    let (rows, out_plane) = (g.col_rows(), g.out_plane());
+    if let Some(bias) = bias {
+        for (plane, &b) in y_n.chunks_mut(out_plane).zip(bias) {
+            plane.fill(b);
+        }
+    }
+    let cols: &[f32] = if g.is_pointwise() {
+        x_n
+    } else {
+        im2col(g, x_n, col);
+        col
+    };
+    matmul(
+        [g.c_out, out_plane, rows],
+        y_n,
+        out_plane,
+        bias.is_some(),
+        (weight, rows, 1),
+        (cols, out_plane, 1),
+    );
+}
+
 /// Input gradient: `dx[n] = col2im(Wᵀ · dy[n])`.
 pub fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    let (rows, out_plane) = (g.col_rows(), g.out_plane());
     let mut dx = vec![0.0f32; g.batch * g.input_len()];
     if g.input_len() == 0 || g.output_len() == 0 {
         return dx;
@@ -339,88 +352,48 @@ pub fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<
     dx.par_chunks_mut(g.input_len())
         .zip(dy.par_chunks(g.output_len()))
         .for_each_init(
-            || {
-                vec![
-                    0.0f32;
-                    if g.is_pointwise() {
-                        0
-                    } else {
-                        rows * out_plane
-                    }
-                ]
-            },
-            |col, (dx_n, dy_n)| {
-                // Wᵀ is W read with swapped strides.
-                if g.is_pointwise() {
-                    matmul(
-                        [rows, out_plane, g.c_out],
-                        dx_n,
-                        out_plane,
-                        false,
-                        (weight, 1, rows),
-                        (dy_n, out_plane, 1),
-                    );
-                } else {
-                    matmul(
-                        [rows, out_plane, g.c_out],
-                        col,
-                        out_plane,
-                        false,
-                        (weight, 1, rows),
-                        (dy_n, out_plane, 1),
-                    );
-                    col2im_add(g, col, dx_n);
-                }
-            },
+            || g.col_buffer(),
+            |col, (dx_n, dy_n)| input_grad_sample(g, weight, dy_n, col, dx_n),
         );
     dx
 }
 
+#[inline(never)]
+fn input_grad_sample(
+    g: &Conv2dGeometry,
+    weight: &[f32],
+    dy_n: &[f32],
+    col: &mut [f32],
+    dx_n: &mut [f32],
+) {
+    let (rows, out_plane) = (g.col_rows(), g.out_plane());
+    // Wᵀ is W read with swapped strides; a pointwise convolution's columns are the input itself.
+    let pointwise = g.is_pointwise();
+    let dst = if pointwise { &mut *dx_n } else { &mut *col };
+    matmul(
+        [rows, out_plane, g.c_out],
+        dst,
+        out_plane,
+        false,
+        (weight, 1, rows),
+        (dy_n, out_plane, 1),
+    );
+    if !pointwise {
+        col2im_add(g, col, dx_n);
+    }
+}
+
 /// Weight and bias gradients: `dW = Σₙ dy[n] · im2col(x[n])ᵀ`, `db = Σₙ Σ_pixels dy[n]`.
 pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let (rows, out_plane) = (g.col_rows(), g.out_plane());
-    let (w_len, c_out) = (g.weight_len(), g.c_out);
-    if g.batch == 0 || g.output_len() == 0 {
-        return (vec![0.0; w_len], vec![0.0; c_out]);
+    if g.batch == 0 || g.output_len() == 0 || g.input_len() == 0 {
+        return (vec![0.0; g.weight_len()], vec![0.0; g.c_out]);
     }
     let chunks = g.batch.div_ceil(WEIGHT_GRAD_CHUNK);
     let partials: Vec<(Vec<f32>, Vec<f32>)> = (0..chunks)
         .into_par_iter()
         .map(|chunk| {
-            let mut dw = vec![0.0f32; w_len];
-            let mut db = vec![0.0f32; c_out];
-            let mut col = vec![
-                0.0f32;
-                if g.is_pointwise() {
-                    0
-                } else {
-                    rows * out_plane
-                }
-            ];
-            let first = chunk * WEIGHT_GRAD_CHUNK;
-            for n in first..(first + WEIGHT_GRAD_CHUNK).min(g.batch) {
-                let x_n = &x[n * g.input_len()..(n + 1) * g.input_len()];
-                let dy_n = &dy[n * g.output_len()..(n + 1) * g.output_len()];
-                let cols: &[f32] = if g.is_pointwise() {
-                    x_n
-                } else {
-                    im2col(g, x_n, &mut col);
-                    &col
-                };
-                // colsᵀ is cols read with swapped strides.
-                matmul(
-                    [c_out, rows, out_plane],
-                    &mut dw,
-                    rows,
-                    n > first,
-                    (dy_n, out_plane, 1),
-                    (cols, 1, out_plane),
-                );
-                for (b, plane) in db.iter_mut().zip(dy_n.chunks(out_plane)) {
-                    *b += sum(plane);
-                }
-            }
-            (dw, db)
+            let samples = chunk * WEIGHT_GRAD_CHUNK..((chunk + 1) * WEIGHT_GRAD_CHUNK).min(g.batch);
+            weight_grad_chunk(g, x, dy, samples)
         })
         .collect();
     let mut parts = partials.into_iter();
@@ -428,6 +401,44 @@ pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     for (pw, pb) in parts {
         dw.iter_mut().zip(&pw).for_each(|(a, b)| *a += b);
         db.iter_mut().zip(&pb).for_each(|(a, b)| *a += b);
+    }
+    (dw, db)
+}
+
+/// The weight and bias gradients of some consecutive samples.
+#[inline(never)]
+fn weight_grad_chunk(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    dy: &[f32],
+    samples: std::ops::Range<usize>,
+) -> (Vec<f32>, Vec<f32>) {
+    let (rows, out_plane) = (g.col_rows(), g.out_plane());
+    let mut dw = vec![0.0f32; g.weight_len()];
+    let mut db = vec![0.0f32; g.c_out];
+    let mut col = g.col_buffer();
+    let first = samples.start;
+    for n in samples {
+        let x_n = &x[n * g.input_len()..(n + 1) * g.input_len()];
+        let dy_n = &dy[n * g.output_len()..(n + 1) * g.output_len()];
+        let cols: &[f32] = if g.is_pointwise() {
+            x_n
+        } else {
+            im2col(g, x_n, &mut col);
+            &col
+        };
+        // colsᵀ is cols read with swapped strides.
+        matmul(
+            [g.c_out, rows, out_plane],
+            &mut dw,
+            rows,
+            n > first,
+            (dy_n, out_plane, 1),
+            (cols, 1, out_plane),
+        );
+        for (b, plane) in db.iter_mut().zip(dy_n.chunks(out_plane)) {
+            *b += sum(plane);
+        }
     }
     (dw, db)
 }
@@ -503,37 +514,40 @@ pub fn max_pool2d_forward(g: &PoolGeometry, x: &[f32]) -> Vec<f32> {
         return y;
     }
     let pair = g.kernel == [2, 2] && g.stride == [2, 2];
-    let w = g.input[1];
     y.par_chunks_mut(oh * ow)
         .zip(x.par_chunks(in_plane))
-        .for_each(|(y_p, x_p)| {
-            if pair && !has_nan(x_p) {
-                // The common 2×2/2 case on NaN-free data: plain comparisons, no index bookkeeping.
-                for (oy, out) in y_p.chunks_exact_mut(ow).enumerate() {
-                    let (r0, r1) = (&x_p[2 * oy * w..], &x_p[(2 * oy + 1) * w..]);
-                    for (ox, o) in out.iter_mut().enumerate() {
-                        let top = if r0[2 * ox + 1] > r0[2 * ox] {
-                            r0[2 * ox + 1]
-                        } else {
-                            r0[2 * ox]
-                        };
-                        let bottom = if r1[2 * ox + 1] > r1[2 * ox] {
-                            r1[2 * ox + 1]
-                        } else {
-                            r1[2 * ox]
-                        };
-                        *o = if bottom > top { bottom } else { top };
-                    }
-                }
-                return;
-            }
-            for (oy, out) in y_p.chunks_exact_mut(ow).enumerate() {
-                for (ox, o) in out.iter_mut().enumerate() {
-                    *o = x_p[g.argmax(x_p, oy, ox)];
-                }
-            }
-        });
+        .for_each(|(y_p, x_p)| pool_forward_plane(g, pair, x_p, y_p));
     y
+}
+
+#[inline(never)]
+fn pool_forward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], y_p: &mut [f32]) {
+    let (w, ow) = (g.input[1], g.output[1]);
+    if pair && !has_nan(x_p) {
+        // The common 2×2/2 case on NaN-free data: plain comparisons, no index bookkeeping.
+        for (oy, out) in y_p.chunks_exact_mut(ow).enumerate() {
+            let (r0, r1) = (&x_p[2 * oy * w..], &x_p[(2 * oy + 1) * w..]);
+            for (ox, o) in out.iter_mut().enumerate() {
+                let top = if r0[2 * ox + 1] > r0[2 * ox] {
+                    r0[2 * ox + 1]
+                } else {
+                    r0[2 * ox]
+                };
+                let bottom = if r1[2 * ox + 1] > r1[2 * ox] {
+                    r1[2 * ox + 1]
+                } else {
+                    r1[2 * ox]
+                };
+                *o = if bottom > top { bottom } else { top };
+            }
+        }
+        return;
+    }
+    for (oy, out) in y_p.chunks_exact_mut(ow).enumerate() {
+        for (ox, o) in out.iter_mut().enumerate() {
+            *o = x_p[g.argmax(x_p, oy, ox)];
+        }
+    }
 }
 
 /// Max-pooling backward: each output's gradient goes to its window's maximum.
@@ -545,34 +559,37 @@ pub fn max_pool2d_backward(g: &PoolGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> 
         return dx;
     }
     let pair = g.kernel == [2, 2] && g.stride == [2, 2];
-    let w = g.input[1];
     dx.par_chunks_mut(in_plane)
         .zip(x.par_chunks(in_plane).zip(dy.par_chunks(oh * ow)))
-        .for_each(|(dx_p, (x_p, dy_p))| {
-            if pair && !has_nan(x_p) {
-                for (oy, grads) in dy_p.chunks_exact(ow).enumerate() {
-                    let (r0, r1) = (2 * oy * w, (2 * oy + 1) * w);
-                    for (ox, &grad) in grads.iter().enumerate() {
-                        let (a, b) = (x_p[r0 + 2 * ox], x_p[r0 + 2 * ox + 1]);
-                        let (c, d) = (x_p[r1 + 2 * ox], x_p[r1 + 2 * ox + 1]);
-                        let at = match argmax_2x2(a, b, c, d) {
-                            0 => r0 + 2 * ox,
-                            1 => r0 + 2 * ox + 1,
-                            2 => r1 + 2 * ox,
-                            _ => r1 + 2 * ox + 1,
-                        };
-                        dx_p[at] += grad;
-                    }
-                }
-                return;
-            }
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    dx_p[g.argmax(x_p, oy, ox)] += dy_p[oy * ow + ox];
-                }
-            }
-        });
+        .for_each(|(dx_p, (x_p, dy_p))| pool_backward_plane(g, pair, x_p, dy_p, dx_p));
     dx
+}
+
+#[inline(never)]
+fn pool_backward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], dy_p: &[f32], dx_p: &mut [f32]) {
+    let (w, [oh, ow]) = (g.input[1], g.output);
+    if pair && !has_nan(x_p) {
+        for (oy, grads) in dy_p.chunks_exact(ow).enumerate() {
+            let (r0, r1) = (2 * oy * w, (2 * oy + 1) * w);
+            for (ox, &grad) in grads.iter().enumerate() {
+                let (a, b) = (x_p[r0 + 2 * ox], x_p[r0 + 2 * ox + 1]);
+                let (c, d) = (x_p[r1 + 2 * ox], x_p[r1 + 2 * ox + 1]);
+                let at = match argmax_2x2(a, b, c, d) {
+                    0 => r0 + 2 * ox,
+                    1 => r0 + 2 * ox + 1,
+                    2 => r1 + 2 * ox,
+                    _ => r1 + 2 * ox + 1,
+                };
+                dx_p[at] += grad;
+            }
+        }
+        return;
+    }
+    for oy in 0..oh {
+        for ox in 0..ow {
+            dx_p[g.argmax(x_p, oy, ox)] += dy_p[oy * ow + ox];
+        }
+    }
 }
 
 #[cfg(test)]
