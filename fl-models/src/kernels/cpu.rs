@@ -218,13 +218,15 @@ fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32]) {
     }
 }
 
-/// `dst (m×n, row stride dst_rs) = [dst +] lhs (m×k) · rhs (k×n)`, with arbitrary strides for
-/// the operands (so transposes are free). Single-threaded: callers parallelise over samples.
-#[allow(clippy::too_many_arguments)]
+/// `dst (m×n) = [dst +] lhs (m×k) · rhs (k×n)`, each matrix given as (slice, row stride, column
+/// stride), so transposes are free. Single-threaded: callers parallelise over samples.
+///
+/// gemm wants the output's contiguous dimension to be m and the left operand contiguous along m
+/// too, and otherwise packs (copies) it; callers orient their products so that the large
+/// operand (the column matrix) never needs packing.
 fn matmul(
     [m, n, k]: [usize; 3],
-    dst: &mut [f32],
-    dst_rs: usize,
+    (dst, dst_rs, dst_cs): (&mut [f32], usize, usize),
     accumulate: bool,
     (lhs, lhs_rs, lhs_cs): (&[f32], usize, usize),
     (rhs, rhs_rs, rhs_cs): (&[f32], usize, usize),
@@ -234,15 +236,20 @@ fn matmul(
     }
     if k == 0 {
         if !accumulate {
-            for row in 0..m {
-                dst[row * dst_rs..row * dst_rs + n].fill(0.0);
+            for i in 0..m {
+                for j in 0..n {
+                    dst[i * dst_rs + j * dst_cs] = 0.0;
+                }
             }
         }
         return;
     }
     // The largest element each operand's strides reach must lie inside its slice: this is the
     // whole safety argument for the raw-pointer call below.
-    assert!((m - 1) * dst_rs + n <= dst.len(), "matmul: dst too short");
+    assert!(
+        (m - 1) * dst_rs + (n - 1) * dst_cs < dst.len(),
+        "matmul: dst too short"
+    );
     assert!(
         (m - 1) * lhs_rs + (k - 1) * lhs_cs < lhs.len(),
         "matmul: lhs too short"
@@ -259,7 +266,7 @@ fn matmul(
             n,
             k,
             dst.as_mut_ptr(),
-            1,
+            dst_cs as isize,
             dst_rs as isize,
             accumulate,
             lhs.as_ptr(),
@@ -335,8 +342,7 @@ fn forward_sample(
     };
     matmul(
         [g.c_out, out_plane, rows],
-        y_n,
-        out_plane,
+        (y_n, out_plane, 1),
         bias.is_some(),
         (weight, rows, 1),
         (cols, out_plane, 1),
@@ -372,8 +378,7 @@ fn input_grad_sample(
     let dst = if pointwise { &mut *dx_n } else { &mut *col };
     matmul(
         [rows, out_plane, g.c_out],
-        dst,
-        out_plane,
+        (dst, out_plane, 1),
         false,
         (weight, 1, rows),
         (dy_n, out_plane, 1),
@@ -397,10 +402,18 @@ pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
         })
         .collect();
     let mut parts = partials.into_iter();
-    let (mut dw, mut db) = parts.next().expect("at least one chunk");
+    let (mut dw_t, mut db) = parts.next().expect("at least one chunk");
     for (pw, pb) in parts {
-        dw.iter_mut().zip(&pw).for_each(|(a, b)| *a += b);
+        dw_t.iter_mut().zip(&pw).for_each(|(a, b)| *a += b);
         db.iter_mut().zip(&pb).for_each(|(a, b)| *a += b);
+    }
+    // Back from [rows, c_out] to the weight's [c_out, rows].
+    let rows = g.col_rows();
+    let mut dw = vec![0.0f32; g.weight_len()];
+    for (r, grads) in dw_t.chunks_exact(g.c_out).enumerate() {
+        for (o, v) in grads.iter().enumerate() {
+            dw[o * rows + r] = *v;
+        }
     }
     (dw, db)
 }
@@ -414,7 +427,7 @@ fn weight_grad_chunk(
     samples: std::ops::Range<usize>,
 ) -> (Vec<f32>, Vec<f32>) {
     let (rows, out_plane) = (g.col_rows(), g.out_plane());
-    let mut dw = vec![0.0f32; g.weight_len()];
+    let mut dw_t = vec![0.0f32; g.weight_len()];
     let mut db = vec![0.0f32; g.c_out];
     let mut col = g.col_buffer();
     let first = samples.start;
@@ -427,11 +440,11 @@ fn weight_grad_chunk(
             im2col(g, x_n, &mut col);
             &col
         };
-        // colsᵀ is cols read with swapped strides.
+        // colsᵀ is cols read with swapped strides. dW is accumulated transposed (`[rows, c_out]`,
+        // i.e. column-major): then gemm packs the small dy instead of the column matrix.
         matmul(
             [g.c_out, rows, out_plane],
-            &mut dw,
-            rows,
+            (&mut dw_t, 1, g.c_out),
             n > first,
             (dy_n, out_plane, 1),
             (cols, 1, out_plane),
@@ -440,7 +453,7 @@ fn weight_grad_chunk(
             *b += sum(plane);
         }
     }
-    (dw, db)
+    (dw_t, db)
 }
 
 /// Shapes and options of one max-pooling (no padding, no dilation, floor mode).
