@@ -286,6 +286,15 @@ fn matmul(
 }
 
 impl Conv2dGeometry {
+    /// Whether to accumulate the weight gradient transposed (`[rows, c_out]`, column-major).
+    /// gemm wants its output contiguous along m and its left operand too: in the weight
+    /// gradient `dy · colsᵀ` neither is, so it packs one of them. Transposed, it packs the small
+    /// `dy` rather than the column matrix, but then m = c_out, and fewer output channels than a
+    /// 16-float register leave the multiply-add units idle; small layers keep the plain order.
+    fn transposed_weight_grad(&self) -> bool {
+        self.c_out >= 16
+    }
+
     /// A scratch column matrix for one sample (empty for pointwise convolutions, which read the
     /// input directly).
     fn col_buffer(&self) -> Vec<f32> {
@@ -407,6 +416,9 @@ pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
         dw_t.iter_mut().zip(&pw).for_each(|(a, b)| *a += b);
         db.iter_mut().zip(&pb).for_each(|(a, b)| *a += b);
     }
+    if !g.transposed_weight_grad() {
+        return (dw_t, db);
+    }
     // Back from [rows, c_out] to the weight's [c_out, rows].
     let rows = g.col_rows();
     let mut dw = vec![0.0f32; g.weight_len()];
@@ -440,11 +452,15 @@ fn weight_grad_chunk(
             im2col(g, x_n, &mut col);
             &col
         };
-        // colsᵀ is cols read with swapped strides. dW is accumulated transposed (`[rows, c_out]`,
-        // i.e. column-major): then gemm packs the small dy instead of the column matrix.
+        // colsᵀ is cols read with swapped strides.
+        let dst = if g.transposed_weight_grad() {
+            (&mut dw_t[..], 1, g.c_out)
+        } else {
+            (&mut dw_t[..], rows, 1)
+        };
         matmul(
             [g.c_out, rows, out_plane],
-            (&mut dw_t, 1, g.c_out),
+            dst,
             n > first,
             (dy_n, out_plane, 1),
             (cols, 1, out_plane),
