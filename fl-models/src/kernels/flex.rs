@@ -111,42 +111,48 @@ fn pool_geometry(x: [usize; 4], options: &MaxPoolOptions<2>) -> Option<PoolGeome
     })
 }
 
-/// Runs [`CpuKernelOps::fl_conv2d`] if the tensors are on flex in `f32` and the convolution is one
-/// the kernels handle; gives the arguments back otherwise.
-#[allow(clippy::type_complexity)]
-pub(super) fn try_conv2d(
+/// Whether the kernels handle this convolution: tensors on flex in `f32`, groups 1, dilation 1.
+pub(super) fn handles_conv2d(
+    x: &Tensor<4>,
+    weight: &Tensor<4>,
+    bias: Option<&Tensor<1>>,
+    options: &ConvOptions<2>,
+) -> bool {
+    x.dtype() == DType::F32
+        && weight.dtype() == DType::F32
+        && bias.is_none_or(|b| b.dtype() == DType::F32)
+        && on_flex(x)
+        && conv_geometry(x.dims(), weight.dims(), options).is_some()
+}
+
+/// Runs [`CpuKernelOps::fl_conv2d`] (or its biased twin) through Burn's dispatch.
+pub(super) fn conv2d(
     x: Tensor<4>,
     weight: Tensor<4>,
     bias: Option<Tensor<1>>,
     options: ConvOptions<2>,
-) -> Result<Tensor<4>, (Tensor<4>, Tensor<4>, Option<Tensor<1>>, ConvOptions<2>)> {
-    let f32s = x.dtype() == DType::F32
-        && weight.dtype() == DType::F32
-        && bias.as_ref().is_none_or(|b| b.dtype() == DType::F32);
-    if !f32s || !on_flex(&x) || conv_geometry(x.dims(), weight.dims(), &options).is_none() {
-        return Err((x, weight, bias, options));
-    }
+) -> Tensor<4> {
     let (x, weight) = (x.into_dispatch(), weight.into_dispatch());
-    let out = match bias {
+    Tensor::from_dispatch(match bias {
         Some(b) => {
             <Dispatch as CpuKernelOps>::fl_conv2d_bias(x, weight, b.into_dispatch(), options)
         }
         None => <Dispatch as CpuKernelOps>::fl_conv2d(x, weight, options),
-    };
-    Ok(Tensor::from_dispatch(out))
+    })
 }
 
-/// Runs [`CpuKernelOps::fl_max_pool2d`] if it handles this pooling; gives the input back
-/// otherwise.
-pub(super) fn try_max_pool2d(
-    x: Tensor<4>,
-    options: MaxPoolOptions<2>,
-) -> Result<Tensor<4>, (Tensor<4>, MaxPoolOptions<2>)> {
-    if x.dtype() != DType::F32 || !on_flex(&x) || pool_geometry(x.dims(), &options).is_none() {
-        return Err((x, options));
-    }
-    let out = <Dispatch as CpuKernelOps>::fl_max_pool2d(x.into_dispatch(), options);
-    Ok(Tensor::from_dispatch(out))
+/// Whether the kernels handle this max-pooling: on flex in `f32`, no padding or dilation, floor
+/// mode.
+pub(super) fn handles_max_pool2d(x: &Tensor<4>, options: &MaxPoolOptions<2>) -> bool {
+    x.dtype() == DType::F32 && on_flex(x) && pool_geometry(x.dims(), options).is_some()
+}
+
+/// Runs [`CpuKernelOps::fl_max_pool2d`] through Burn's dispatch.
+pub(super) fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
+    Tensor::from_dispatch(<Dispatch as CpuKernelOps>::fl_max_pool2d(
+        x.into_dispatch(),
+        options,
+    ))
 }
 
 /// A contiguous `f32` view of a flex tensor (a copy only if it is strided).
