@@ -1,6 +1,6 @@
 //! pFedClub's custom CNNs (CNN1–CNN4), as one configurable stack of conv and FC layers.
 
-use crate::kernels::{conv2d_forward, max_pool2d_forward};
+use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
@@ -251,7 +251,7 @@ impl BlockForward for StackedCnn {
         if let Some(layer) = self.convs.get(index) {
             let mut x = conv2d_forward(&layer.conv, x.into_map());
             if let Some(bn) = &layer.bn {
-                x = bn.forward(x);
+                x = batch_norm_forward(bn, x);
             }
             x = relu(x);
             if layer.pool {

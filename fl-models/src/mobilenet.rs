@@ -1,6 +1,6 @@
 //! MobileNetV1, V2 and V3-Small with CIFAR-sized strides (32×32 inputs keep a useful map size).
 
-use crate::kernels::conv2d_forward;
+use crate::kernels::{batch_norm_forward, conv2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
@@ -74,7 +74,7 @@ impl ConvBnAct {
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
         self.act
-            .apply(self.bn.forward(conv2d_forward(&self.conv, x)))
+            .apply(batch_norm_forward(&self.bn, conv2d_forward(&self.conv, x)))
     }
 }
 

@@ -1,6 +1,6 @@
 //! ResNet-20 as published (He et al. 2016) and as the FedMR authors ran it.
 
-use crate::kernels::{conv2d_forward, max_pool2d_forward};
+use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2dConfig};
@@ -48,8 +48,11 @@ impl BasicBlock {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let out = relu(self.bn1.forward(conv2d_forward(&self.conv1, x.clone())));
-        let out = self.bn2.forward(conv2d_forward(&self.conv2, out));
+        let out = relu(batch_norm_forward(
+            &self.bn1,
+            conv2d_forward(&self.conv1, x.clone()),
+        ));
+        let out = batch_norm_forward(&self.bn2, conv2d_forward(&self.conv2, out));
         relu(out + self.shortcut(x))
     }
 
@@ -200,10 +203,10 @@ impl Classifier for ResNet20 {
 impl ResNet20 {
     /// The globally pooled last feature map (the FC layer's input).
     fn represent(&self, images: Tensor<4>) -> Tensor<2> {
-        let mut x = relu(
-            self.stem_bn
-                .forward(conv2d_forward(&self.stem_conv, images)),
-        );
+        let mut x = relu(batch_norm_forward(
+            &self.stem_bn,
+            conv2d_forward(&self.stem_conv, images),
+        ));
         for unit in &self.units {
             x = unit.forward(x);
         }
@@ -292,15 +295,15 @@ impl PreActBottleneck {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let pre = relu(self.bn1.forward(x.clone()));
+        let pre = relu(batch_norm_forward(&self.bn1, x.clone()));
         // Pre-activation: the projection shortcut sees the normalised input, identity sees x.
         let shortcut = match &self.shortcut {
             Some(proj) => conv2d_forward(proj, pre.clone()),
             None => x,
         };
         let out = conv2d_forward(&self.conv1, pre);
-        let out = conv2d_forward(&self.conv2, relu(self.bn2.forward(out)));
-        let out = conv2d_forward(&self.conv3, relu(self.bn3.forward(out)));
+        let out = conv2d_forward(&self.conv2, relu(batch_norm_forward(&self.bn2, out)));
+        let out = conv2d_forward(&self.conv3, relu(batch_norm_forward(&self.bn3, out)));
         out + shortcut
     }
 }

@@ -1,6 +1,6 @@
 //! VGG-16 with BatchNorm for small images.
 
-use crate::kernels::{conv2d_forward, max_pool2d_forward};
+use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
@@ -131,7 +131,7 @@ impl Vgg16 {
     fn represent(&self, images: Tensor<4>) -> Tensor<2> {
         let mut x = images;
         for unit in &self.features {
-            x = relu(unit.bn.forward(conv2d_forward(&unit.conv, x)));
+            x = relu(batch_norm_forward(&unit.bn, conv2d_forward(&unit.conv, x)));
             if unit.pool {
                 x = max_pool2d_forward(&self.pool, x);
             }

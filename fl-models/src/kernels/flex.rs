@@ -1,6 +1,7 @@
 //! The kernels as a Burn backend extension: implemented for the flex backend, with their own
 //! backward passes for autodiff (Burn's `#[backend_extension]` routes `Dispatch` calls here).
 
+use burn::backend::AutodiffBackend;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
@@ -12,7 +13,7 @@ use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use burn::tensor::{DType, Shape, Tensor, TensorData};
 use burn_flex::FlexTensor;
 
-use super::cpu::{self, Conv2dGeometry, PoolGeometry};
+use super::cpu::{self, Conv2dGeometry, NormGeometry, PoolGeometry};
 
 /// Convolution and max-pooling kernels for CPU backends, with hand-written backward passes.
 #[backend_extension(Flex, Autodiff)]
@@ -53,6 +54,24 @@ pub trait CpuKernelOps: Backend {
         grad: FloatTensor<Self>,
         options: MaxPoolOptions<2>,
     ) -> FloatTensor<Self>;
+    /// Batch normalisation of a `[batch, channels, h, w]` tensor with batch statistics: the
+    /// output, the channel means and the biased channel variances.
+    fn fl_batch_norm_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    /// Gradients of [`fl_batch_norm_train`](CpuKernelOps::fl_batch_norm_train) with respect to
+    /// `x`, `gamma` and `beta`.
+    fn fl_batch_norm_train_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        variance: FloatTensor<Self>,
+        epsilon: f64,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
 /// Whether a tensor lives on the flex backend (with or without autodiff).
@@ -155,6 +174,45 @@ pub(super) fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> 
     ))
 }
 
+/// Whether the kernels handle this batch normalisation: a 4-D `f32` tensor on flex.
+pub(super) fn handles_batch_norm(x: &Tensor<4>, gamma: &Tensor<1>) -> bool {
+    x.dtype() == DType::F32 && gamma.dtype() == DType::F32 && on_flex(x)
+}
+
+/// Runs [`CpuKernelOps::fl_batch_norm_train`] through Burn's dispatch: (output, mean, variance).
+pub(super) fn batch_norm_train(
+    x: Tensor<4>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+    epsilon: f64,
+) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
+    let (y, mean, var) = <Dispatch as CpuKernelOps>::fl_batch_norm_train(
+        x.into_dispatch(),
+        gamma.into_dispatch(),
+        beta.into_dispatch(),
+        epsilon,
+    );
+    (
+        Tensor::from_dispatch(y),
+        Tensor::from_dispatch(mean),
+        Tensor::from_dispatch(var),
+    )
+}
+
+fn norm_geometry(x: &FlexTensor) -> NormGeometry {
+    let [batch, channels, h, w] = dims4(&x.shape());
+    NormGeometry {
+        batch,
+        channels,
+        plane: h * w,
+    }
+}
+
+fn flex_vector(values: Vec<f32>) -> FlexTensor {
+    let len = values.len();
+    FlexTensor::from_data(TensorData::new(values, [len]))
+}
+
 /// A contiguous `f32` view of a flex tensor (a copy only if it is strided).
 fn contiguous(t: FlexTensor) -> FlexTensor {
     if t.is_contiguous() {
@@ -248,6 +306,48 @@ impl CpuKernelOps for Flex {
         let (x, grad) = (contiguous(x), contiguous(grad));
         flex_tensor(cpu::max_pool2d_backward(&g, slice(&x), slice(&grad)), dims)
     }
+
+    fn fl_batch_norm_train(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        beta: FlexTensor,
+        epsilon: f64,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        let g = norm_geometry(&x);
+        let dims = dims4(&x.shape());
+        let (x, gamma, beta) = (contiguous(x), contiguous(gamma), contiguous(beta));
+        let (y, mean, var) =
+            cpu::batch_norm_train_forward(&g, slice(&x), slice(&gamma), slice(&beta), epsilon);
+        (flex_tensor(y, dims), flex_vector(mean), flex_vector(var))
+    }
+
+    fn fl_batch_norm_train_backward(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        mean: FlexTensor,
+        variance: FlexTensor,
+        epsilon: f64,
+        grad: FlexTensor,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        let g = norm_geometry(&x);
+        let dims = dims4(&x.shape());
+        let (x, gamma, grad) = (contiguous(x), contiguous(gamma), contiguous(grad));
+        let (mean, variance) = (contiguous(mean), contiguous(variance));
+        let (dx, d_gamma, d_beta) = cpu::batch_norm_train_backward(
+            &g,
+            slice(&x),
+            slice(&gamma),
+            slice(&mean),
+            slice(&variance),
+            epsilon,
+            slice(&grad),
+        );
+        (
+            flex_tensor(dx, dims),
+            flex_vector(d_gamma),
+            flex_vector(d_beta),
+        )
+    }
 }
 
 /// Registers the convolution's gradients for whichever parents require them.
@@ -336,6 +436,34 @@ impl<B: Backend + CpuKernelOps> Backward<B, 1> for MaxPool2dBackward {
         if let Some(node) = node_x {
             let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x);
             grads.register::<B>(node.id, B::fl_max_pool2d_backward(x, grad, options));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct BatchNormTrainBackward;
+
+impl<B: Backend + CpuKernelOps> Backward<B, 3> for BatchNormTrainBackward {
+    // x and γ are checkpointed; the batch statistics come along as the forward computed them.
+    type State = (NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, f64);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, gamma, mean, variance, epsilon) = ops.state;
+        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x);
+        let gamma = checkpointer.retrieve_node_output::<FloatTensor<B>>(gamma);
+        let (dx, d_gamma, d_beta) =
+            B::fl_batch_norm_train_backward(x, gamma, mean, variance, epsilon, grad);
+        let [node_x, node_gamma, node_beta] = ops.parents;
+        for (node, grad) in [(node_x, dx), (node_gamma, d_gamma), (node_beta, d_beta)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
         }
     }
 }
@@ -445,5 +573,56 @@ impl<B: Backend + CpuKernelOps, C: CheckpointStrategy> CpuKernelOps for Autodiff
         _options: MaxPoolOptions<2>,
     ) -> FloatTensor<Self> {
         unimplemented!("second-order gradients of the flex max-pooling kernel")
+    }
+
+    fn fl_batch_norm_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let parents = [x.node(), gamma.node(), beta.node()];
+        match BatchNormTrainBackward
+            .prepare::<C>(parents)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let (x_state, gamma_state) = (prep.checkpoint(&x), prep.checkpoint(&gamma));
+                let (y, mean, var) = B::fl_batch_norm_train(
+                    x.into_primitive(),
+                    gamma.into_primitive(),
+                    beta.into_primitive(),
+                    epsilon,
+                );
+                let state = (x_state, gamma_state, mean.clone(), var.clone(), epsilon);
+                let y = prep.finish(state, y);
+                (y, Self::from_inner(mean), Self::from_inner(var))
+            }
+            OpsKind::UnTracked(prep) => {
+                let (y, mean, var) = B::fl_batch_norm_train(
+                    x.into_primitive(),
+                    gamma.into_primitive(),
+                    beta.into_primitive(),
+                    epsilon,
+                );
+                (
+                    prep.finish(y),
+                    Self::from_inner(mean),
+                    Self::from_inner(var),
+                )
+            }
+        }
+    }
+
+    fn fl_batch_norm_train_backward(
+        _x: FloatTensor<Self>,
+        _gamma: FloatTensor<Self>,
+        _mean: FloatTensor<Self>,
+        _variance: FloatTensor<Self>,
+        _epsilon: f64,
+        _grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        unimplemented!("second-order gradients of the flex batch-norm kernel")
     }
 }

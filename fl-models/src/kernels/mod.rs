@@ -18,6 +18,7 @@ pub(crate) mod cpu;
 #[cfg(feature = "flex")]
 mod flex;
 
+use burn::nn::BatchNorm;
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::MaxPool2d;
@@ -45,6 +46,32 @@ pub fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
         return flex::max_pool2d(x, options);
     }
     burn::tensor::module::max_pool2d(x, options)
+}
+
+/// Burn's [`BatchNorm::forward`] for `[batch, channels, h, w]` maps, with the training pass
+/// (batch statistics, running-statistics update) on the fast kernel where it applies.
+pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
+    #[cfg(feature = "flex")]
+    if x.device().is_autodiff()
+        && norm.training.is_enabled()
+        && flex::handles_batch_norm(&x, &norm.gamma.val())
+    {
+        let device = x.device();
+        let (y, mean, var) =
+            flex::batch_norm_train(x, norm.gamma.val(), norm.beta.val(), norm.epsilon);
+        // The running statistics as Burn's BatchNorm updates them.
+        let update = |state: &burn::module::RunningState<Tensor<1>>, batch: Tensor<1>| {
+            let running = state.value_sync().to_device(&device);
+            let updated = running
+                .mul_scalar(1.0 - norm.momentum)
+                .add(batch.detach().mul_scalar(norm.momentum));
+            state.update(updated.detach());
+        };
+        update(&norm.running_mean, mean);
+        update(&norm.running_var, var);
+        return y;
+    }
+    norm.forward(x)
 }
 
 /// Burn's [`Conv2d::forward`] on the fast kernels: the same padding rules and parameters.
@@ -178,6 +205,51 @@ mod tests {
             let g_burn = (burns * probe).sum().backward();
             close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
         }
+    }
+
+    /// Training-mode batch norm: output, all three gradients and the running statistics agree
+    /// with Burn's BatchNorm.
+    #[test]
+    fn batch_norm_and_its_gradients_match_burn() {
+        use burn::nn::BatchNormConfig;
+        let device = Device::flex().autodiff();
+        // Two separate modules (a clone could share the running state) with the same random γ, β.
+        let gamma = Tensor::<1>::random([5], Distribution::Normal(1.0, 0.5), &device);
+        let beta = Tensor::<1>::random([5], Distribution::Normal(0.0, 0.5), &device);
+        let make = || {
+            let mut bn = BatchNormConfig::new(5).init(&device);
+            bn.gamma = burn::module::Param::from_tensor(gamma.clone());
+            bn.beta = burn::module::Param::from_tensor(beta.clone());
+            bn
+        };
+        let (ours_bn, burn_bn) = (make(), make());
+        let x = Tensor::<4>::random([4, 5, 6, 7], Distribution::Normal(2.0, 3.0), &device)
+            .require_grad();
+        let ours = batch_norm_forward(&ours_bn, x.clone());
+        let burns = burn_bn.forward(x.clone());
+        close(ours.clone(), burns.clone());
+        let probe = Tensor::<4>::random(burns.dims(), Distribution::Normal(0.0, 1.0), &device);
+        let g_ours = (ours * probe.clone()).sum().backward();
+        let g_burn = (burns * probe).sum().backward();
+        close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
+        let vec4 = |t: Tensor<1>| t.reshape([1, 1, 1, -1]);
+        for (a, b) in [
+            (&ours_bn.gamma, &burn_bn.gamma),
+            (&ours_bn.beta, &burn_bn.beta),
+        ] {
+            close(
+                vec4(a.grad(&g_ours).unwrap()),
+                vec4(b.grad(&g_burn).unwrap()),
+            );
+        }
+        close(
+            vec4(ours_bn.running_mean.value()),
+            vec4(burn_bn.running_mean.value()),
+        );
+        close(
+            vec4(ours_bn.running_var.value()),
+            vec4(burn_bn.running_var.value()),
+        );
     }
 
     /// Without autodiff (evaluation), and for what the kernels do not handle, results are Burn's.
