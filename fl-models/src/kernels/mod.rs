@@ -1,14 +1,17 @@
-//! Faster convolution and max-pooling on CPU, used by every model in this crate.
+//! Faster convolution, max-pooling and batch normalisation on CPU, used by every model in this
+//! crate.
 //!
 //! On the flex backend (feature `flex`, on by default) 2-D convolutions with groups 1 and
-//! dilation 1 and unpadded max-pooling run hand-written kernels: im2col + gemm per sample straight
-//! in NCHW layout (flex's own convolution converts to channels-last and packs the batch, and
-//! computes the weight gradient as a convolution with the whole feature map as its kernel), and
-//! a direct max-pool whose backward pass recomputes the window maxima instead of keeping an index
-//! tensor. They plug into Burn as a backend extension with their own backward passes, so models
+//! dilation 1, unpadded max-pooling and training-mode batch normalisation run hand-written
+//! kernels: im2col + gemm per sample straight in NCHW layout (flex's own convolution converts to
+//! channels-last and packs the batch, and computes the weight gradient as a convolution with the
+//! whole feature map as its kernel), a direct max-pool whose backward pass recomputes the window
+//! maxima instead of keeping an index tensor, and a per-channel two-pass batch norm (Burn's is
+//! composed of tensor ops with layout copies). They plug into Burn as a backend extension with their own backward passes, so models
 //! stay ordinary backend-generic Burn modules: on any other backend, and for any other
 //! convolution (depthwise, dilated, `f16`, ...), these functions call Burn's own
-//! [`conv2d`](burn::tensor::module::conv2d) and [`max_pool2d`](burn::tensor::module::max_pool2d).
+//! [`conv2d`](burn::tensor::module::conv2d), [`max_pool2d`](burn::tensor::module::max_pool2d)
+//! and [`BatchNorm::forward`].
 //!
 //! Results are deterministic and independent of the thread count; they differ from Burn's own
 //! kernels only by floating-point summation order.
