@@ -372,17 +372,16 @@ fn conv_backward<B: Backend + CpuKernelOps>(
     }
 }
 
+/// The convolution's autodiff node: parents (x, weight) or (x, weight, bias).
 #[derive(Debug)]
-struct Conv2dWithBias;
-#[derive(Debug)]
-struct Conv2dNoBias;
+struct Conv2dBackward;
 
-impl<B: Backend + CpuKernelOps> Backward<B, 3> for Conv2dWithBias {
+impl<B: Backend + CpuKernelOps, const N: usize> Backward<B, N> for Conv2dBackward {
     type State = (NodeId, NodeId, ConvOptions<2>);
 
     fn backward(
         self,
-        ops: Ops<Self::State, 3>,
+        ops: Ops<Self::State, N>,
         grads: &mut Gradients,
         checkpointer: &mut Checkpointer,
     ) {
@@ -390,31 +389,11 @@ impl<B: Backend + CpuKernelOps> Backward<B, 3> for Conv2dWithBias {
         let (x, weight, options) = ops.state;
         let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x);
         let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(weight);
-        let ids = ops.parents.map(|p| p.map(|node| node.id));
+        let mut ids = [None; 3];
+        for (id, parent) in ids.iter_mut().zip(&ops.parents) {
+            *id = parent.as_ref().map(|node| node.id);
+        }
         conv_backward::<B>(ids, (x, weight, grad), options, grads);
-    }
-}
-
-impl<B: Backend + CpuKernelOps> Backward<B, 2> for Conv2dNoBias {
-    type State = (NodeId, NodeId, ConvOptions<2>);
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 2>,
-        grads: &mut Gradients,
-        checkpointer: &mut Checkpointer,
-    ) {
-        let grad = grads.consume::<B>(&ops.node);
-        let (x, weight, options) = ops.state;
-        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x);
-        let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(weight);
-        let [node_x, node_weight] = ops.parents.map(|p| p.map(|node| node.id));
-        conv_backward::<B>(
-            [node_x, node_weight, None],
-            (x, weight, grad),
-            options,
-            grads,
-        );
     }
 }
 
@@ -476,7 +455,7 @@ impl<B: Backend + CpuKernelOps, C: CheckpointStrategy> CpuKernelOps for Autodiff
         weight: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        match Conv2dNoBias
+        match Conv2dBackward
             .prepare::<C>([x.node(), weight.node()])
             .compute_bound()
             .stateful()
@@ -507,7 +486,7 @@ impl<B: Backend + CpuKernelOps, C: CheckpointStrategy> CpuKernelOps for Autodiff
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
         let parents = [x.node(), weight.node(), bias.node()];
-        match Conv2dWithBias
+        match Conv2dBackward
             .prepare::<C>(parents)
             .compute_bound()
             .stateful()
