@@ -79,9 +79,14 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         std: vec![0.25; 3],
     };
     println!(
-        "backend {}, {} threads; 3×32×32 inputs, 10 classes, batch 50, SGD lr 0.01 momentum 0.5; \
-         a round = {} clients × {} epochs × {} samples",
+        "backend {} ({}), {} threads; 3×32×32 inputs, 10 classes, batch 50, SGD lr 0.01 \
+         momentum 0.5; a round = {} clients × {} epochs × {} samples",
         backend::name(),
+        if fl_models::kernels::enabled() {
+            "fl-models kernels where they apply"
+        } else {
+            "Burn's own kernels"
+        },
         args.threads,
         args.clients,
         args.epochs,

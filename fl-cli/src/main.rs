@@ -257,6 +257,10 @@ enum Command {
         /// A seconds-long smoke run (2 clients × 1 epoch × 20 samples).
         #[arg(long)]
         quick: bool,
+        /// Run Burn's own convolution, max-pool and BatchNorm instead of fl-models' CPU
+        /// kernels (for an A/B comparison on flex).
+        #[arg(long)]
+        burn_kernels: bool,
     },
     /// Draw how a partition splits the classes among clients: a heat map (clients × classes)
     /// and a CSV, for a run's partition.json (`--run DIR`) or the one the flags would draw.
@@ -443,6 +447,7 @@ fn main() -> ExitCode {
             epochs,
             threads,
             quick,
+            burn_kernels,
         } => models
             .iter()
             .map(|m| m.parse::<fl_models::ModelKind>())
@@ -462,6 +467,7 @@ fn main() -> ExitCode {
                         threads,
                     }
                 };
+                fl_models::kernels::set_enabled(!burn_kernels);
                 bench::bench(&args)
             }),
         Command::Landscape {

@@ -21,12 +21,28 @@ pub(crate) mod cpu;
 #[cfg(feature = "flex")]
 mod flex;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use burn::nn::BatchNorm;
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::MaxPool2d;
 use burn::tensor::Tensor;
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Turns the kernels on (the default) or off for the whole process: off, every function here
+/// calls Burn's own op. For A/B comparisons (`fl bench --burn-kernels`); results differ only by
+/// floating-point summation order.
+pub fn set_enabled(enabled: bool) {
+    ENABLED.store(enabled, Ordering::Relaxed);
+}
+
+/// Whether the kernels are on (see [`set_enabled`]); always `false` without the `flex` feature.
+pub fn enabled() -> bool {
+    cfg!(feature = "flex") && ENABLED.load(Ordering::Relaxed)
+}
 
 /// 2-D convolution, as [`burn::tensor::module::conv2d`], on the fast kernels where they apply.
 pub fn conv2d(
@@ -36,7 +52,7 @@ pub fn conv2d(
     options: ConvOptions<2>,
 ) -> Tensor<4> {
     #[cfg(feature = "flex")]
-    if flex::handles_conv2d(&x, &weight, bias.as_ref(), &options) {
+    if enabled() && flex::handles_conv2d(&x, &weight, bias.as_ref(), &options) {
         return flex::conv2d(x, weight, bias, options);
     }
     burn::tensor::module::conv2d(x, weight, bias, options)
@@ -45,7 +61,7 @@ pub fn conv2d(
 /// 2-D max-pooling, as [`burn::tensor::module::max_pool2d`], on the fast kernel where it applies.
 pub fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
     #[cfg(feature = "flex")]
-    if flex::handles_max_pool2d(&x, &options) {
+    if enabled() && flex::handles_max_pool2d(&x, &options) {
         return flex::max_pool2d(x, options);
     }
     burn::tensor::module::max_pool2d(x, options)
@@ -55,7 +71,8 @@ pub fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
 /// (batch statistics, running-statistics update) on the fast kernel where it applies.
 pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     #[cfg(feature = "flex")]
-    if x.device().is_autodiff()
+    if enabled()
+        && x.device().is_autodiff()
         && norm.training.is_enabled()
         && flex::handles_batch_norm(&x, &norm.gamma.val())
     {
