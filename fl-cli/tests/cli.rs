@@ -959,11 +959,17 @@ fn bench_quick_prints_a_row_per_model() {
     assert!(text.contains("| cnn | 62006 |"), "{text}");
     assert!(text.contains("| resnet20-ref | 219482 |"), "{text}");
     assert!(text.contains("peak RSS"), "{text}");
-    assert!(text.contains("(fl-models kernels where they apply)"), "{text}");
+    assert!(
+        text.contains("(fl-models kernels where they apply)"),
+        "{text}"
+    );
     let o = fl(&["bench", "--quick", "--models", "cnn", "--burn-kernels"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("(Burn's own kernels)") && text.contains("| cnn | 62006 |"), "{text}");
+    assert!(
+        text.contains("(Burn's own kernels)") && text.contains("| cnn | 62006 |"),
+        "{text}"
+    );
     let o = fl(&["bench", "--models", "resnet50"]);
     assert!(
         stderr(&o).starts_with("error: unknown model 'resnet50'"),

@@ -289,8 +289,8 @@ impl CpuKernelOps for Flex {
     }
 
     fn fl_max_pool2d(x: FlexTensor, options: MaxPoolOptions<2>) -> FlexTensor {
-        let [n, c, _, _] = dims4(&x.shape());
-        let g = pool_geometry([n, c, x.shape()[2], x.shape()[3]], &options).expect(UNSUPPORTED);
+        let [n, c, h, w] = dims4(&x.shape());
+        let g = pool_geometry([n, c, h, w], &options).expect(UNSUPPORTED);
         let x = contiguous(x);
         let y = cpu::max_pool2d_forward(&g, slice(&x));
         flex_tensor(y, [n, c, g.output[0], g.output[1]])
