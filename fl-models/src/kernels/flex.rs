@@ -284,8 +284,7 @@ impl CpuKernelOps for Flex {
         let g = conv_geometry(dims4(&x.shape()), w_dims, &options).expect(UNSUPPORTED);
         let (x, grad) = (contiguous(x), contiguous(grad));
         let (dw, db) = cpu::conv2d_weight_grad(&g, slice(&x), slice(&grad));
-        let db = FlexTensor::from_data(TensorData::new(db, [g.c_out]));
-        (flex_tensor(dw, w_dims), db)
+        (flex_tensor(dw, w_dims), flex_vector(db))
     }
 
     fn fl_max_pool2d(x: FlexTensor, options: MaxPoolOptions<2>) -> FlexTensor {
