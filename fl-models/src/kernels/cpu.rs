@@ -1,6 +1,7 @@
 //! The CPU kernels themselves, on plain `f32` slices in NCHW layout.
 //!
-//! Convolution is im2col + one gemm per sample, written straight into (or read straight from) the
+//! Stride-1 convolutions go to the direct AVX-512 kernels of `direct.rs` where the CPU has
+//! AVX-512F. Every other convolution is im2col + one gemm per sample, written straight into (or read straight from) the
 //! NCHW tensor, so nothing is converted to channels-last and no batch-sized column matrix is ever
 //! built. Samples run in parallel on the rayon pool; the weight gradient sums fixed chunks of
 //! samples and adds the chunk sums in order, so results do not depend on the thread count.
@@ -37,7 +38,7 @@ impl Conv2dGeometry {
     fn in_plane(&self) -> usize {
         self.input[0] * self.input[1]
     }
-    fn out_plane(&self) -> usize {
+    pub(super) fn out_plane(&self) -> usize {
         self.output[0] * self.output[1]
     }
     /// Rows of the column matrix: one per (input channel, kernel row, kernel column).
@@ -98,7 +99,7 @@ fn copy_short(dst: &mut [f32], src: &[f32]) {
 
 /// `Σ values`, in eight interleaved partial sums (so it vectorises; the order is fixed).
 #[inline]
-fn sum(values: &[f32]) -> f32 {
+pub(super) fn sum(values: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let chunks = values.chunks_exact(8);
     let rest: f32 = chunks.remainder().iter().sum();
@@ -315,6 +316,19 @@ pub fn conv2d_forward(
     weight: &[f32],
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
+    if g.batch > 0 && g.input_len() > 0 && super::direct::applies(g) {
+        return super::direct::conv2d_forward(g, x, weight, bias);
+    }
+    im2col_conv2d_forward(g, x, weight, bias)
+}
+
+/// [`conv2d_forward`] by im2col + gemm.
+fn im2col_conv2d_forward(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
     let mut y = vec![0.0f32; g.batch * g.output_len()];
     if g.output_len() == 0 || g.input_len() == 0 {
         return y;
@@ -360,6 +374,14 @@ fn forward_sample(
 
 /// Input gradient: `dx[n] = col2im(Wᵀ · dy[n])`.
 pub fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    if g.batch > 0 && g.input_len() > 0 && super::direct::applies(g) {
+        return super::direct::conv2d_input_grad(g, weight, dy);
+    }
+    im2col_conv2d_input_grad(g, weight, dy)
+}
+
+/// [`conv2d_input_grad`] by gemm + col2im.
+fn im2col_conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
     let mut dx = vec![0.0f32; g.batch * g.input_len()];
     if g.input_len() == 0 || g.output_len() == 0 {
         return dx;
@@ -402,6 +424,14 @@ pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     if g.batch == 0 || g.output_len() == 0 || g.input_len() == 0 {
         return (vec![0.0; g.weight_len()], vec![0.0; g.c_out]);
     }
+    if super::direct::applies(g) {
+        return super::direct::conv2d_weight_grad(g, x, dy);
+    }
+    im2col_conv2d_weight_grad(g, x, dy)
+}
+
+/// [`conv2d_weight_grad`] by im2col + gemm.
+fn im2col_conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let chunks = g.batch.div_ceil(WEIGHT_GRAD_CHUNK);
     let partials: Vec<(Vec<f32>, Vec<f32>)> = (0..chunks)
         .into_par_iter()
@@ -521,19 +551,6 @@ fn has_nan(plane: &[f32]) -> bool {
     plane.iter().fold(false, |acc, v| acc | v.is_nan())
 }
 
-/// Where the first maximum of a 2×2 window `[a, b; c, d]` of NaN-free values is (row-major,
-/// 0..4).
-#[inline]
-fn argmax_2x2(a: f32, b: f32, c: f32, d: f32) -> usize {
-    let (mut at, mut best) = (0, a);
-    for (i, v) in [(1, b), (2, c), (3, d)] {
-        if v > best {
-            (at, best) = (i, v);
-        }
-    }
-    at
-}
-
 /// Max-pooling forward.
 pub fn max_pool2d_forward(g: &PoolGeometry, x: &[f32]) -> Vec<f32> {
     let in_plane = g.input[0] * g.input[1];
@@ -597,19 +614,38 @@ pub fn max_pool2d_backward(g: &PoolGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> 
 #[inline(never)]
 fn pool_backward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], dy_p: &[f32], dx_p: &mut [f32]) {
     let (w, [oh, ow]) = (g.input[1], g.output);
+    #[cfg(target_arch = "x86_64")]
+    if pair && std::is_x86_feature_detected!("avx512f") && !has_nan(x_p) {
+        // SAFETY: AVX-512F is present; the function checks the slice lengths it relies on.
+        unsafe { avx512_pool::backward_2x2(w, g.output, x_p, dy_p, dx_p) };
+        return;
+    }
     if pair && !has_nan(x_p) {
+        // Windows do not overlap: each input gets its window's gradient or zero, chosen with
+        // comparisons and selects (no data-dependent branches or indices).
         for (oy, grads) in dy_p.chunks_exact(ow).enumerate() {
-            let (r0, r1) = (2 * oy * w, (2 * oy + 1) * w);
+            let (x0, x1) = (
+                &x_p[2 * oy * w..][..2 * ow],
+                &x_p[(2 * oy + 1) * w..][..2 * ow],
+            );
+            let (top, bottom) = dx_p[2 * oy * w..].split_at_mut(w);
+            let (d0, d1) = (&mut top[..2 * ow], &mut bottom[..2 * ow]);
             for (ox, &grad) in grads.iter().enumerate() {
-                let (a, b) = (x_p[r0 + 2 * ox], x_p[r0 + 2 * ox + 1]);
-                let (c, d) = (x_p[r1 + 2 * ox], x_p[r1 + 2 * ox + 1]);
-                let at = match argmax_2x2(a, b, c, d) {
-                    0 => r0 + 2 * ox,
-                    1 => r0 + 2 * ox + 1,
-                    2 => r1 + 2 * ox,
-                    _ => r1 + 2 * ox + 1,
-                };
-                dx_p[at] += grad;
+                let (i, j) = (2 * ox, 2 * ox + 1);
+                let (a, b, c, d) = (x0[i], x0[j], x1[i], x1[j]);
+                let top = if b > a { b } else { a };
+                let bottom = if d > c { d } else { c };
+                let max = if bottom > top { bottom } else { top };
+                // The first maximum in row-major order takes the gradient; masks, not branches.
+                let at_a = (a == max) as u32;
+                let at_b = (b == max) as u32 & !at_a;
+                let at_c = (c == max) as u32 & !(at_a | at_b);
+                let at_d = 1 & !(at_a | at_b | at_c);
+                let g = grad.to_bits();
+                d0[i] = f32::from_bits(g & at_a.wrapping_neg());
+                d0[j] = f32::from_bits(g & at_b.wrapping_neg());
+                d1[i] = f32::from_bits(g & at_c.wrapping_neg());
+                d1[j] = f32::from_bits(g & at_d.wrapping_neg());
             }
         }
         return;
@@ -617,6 +653,86 @@ fn pool_backward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], dy_p: &[f32], 
     for oy in 0..oh {
         for ox in 0..ow {
             dx_p[g.argmax(x_p, oy, ox)] += dy_p[oy * ow + ox];
+        }
+    }
+}
+
+/// The 2×2, stride-2 max-pool backward pass on NaN-free planes, 16 windows per step.
+#[cfg(target_arch = "x86_64")]
+mod avx512_pool {
+    use std::arch::x86_64::*;
+
+    /// `dx` of one plane (row width `w`, `[oh, ow]` windows; `dx` zero on entry): each window's
+    /// gradient goes to its first maximum in row-major order, the other three get zero.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn backward_2x2(
+        w: usize,
+        [oh, ow]: [usize; 2],
+        x: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+    ) {
+        assert!(2 * ow <= w && x.len() >= 2 * oh * w && dx.len() >= 2 * oh * w);
+        assert!(dy.len() >= oh * ow);
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        let high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        let bits = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
+        // SAFETY: every access below is masked to the `2·ow` floats of a row pair, or the `ow`
+        // gradients of a window row, which the asserts above keep inside the slices.
+        unsafe {
+            for oy in 0..oh {
+                for ox in (0..ow).step_by(16) {
+                    let n = (ow - ox).min(16);
+                    let (lo, hi) = (bits(2 * n), bits((2 * n).saturating_sub(16)));
+                    let r0 = x.as_ptr().add(2 * oy * w + 2 * ox);
+                    let r1 = r0.add(w);
+                    let (t0, t1) = (
+                        _mm512_maskz_loadu_ps(lo, r0),
+                        _mm512_maskz_loadu_ps(hi, r0.wrapping_add(16)),
+                    );
+                    let (b0, b1) = (
+                        _mm512_maskz_loadu_ps(lo, r1),
+                        _mm512_maskz_loadu_ps(hi, r1.wrapping_add(16)),
+                    );
+                    let a = _mm512_permutex2var_ps(t0, even, t1);
+                    let b = _mm512_permutex2var_ps(t0, odd, t1);
+                    let c = _mm512_permutex2var_ps(b0, even, b1);
+                    let d = _mm512_permutex2var_ps(b0, odd, b1);
+                    let max = _mm512_max_ps(_mm512_max_ps(a, b), _mm512_max_ps(c, d));
+                    let at_a = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, max);
+                    let at_b = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(b, max) & !at_a;
+                    let at_c = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(c, max) & !(at_a | at_b);
+                    let at_d = !(at_a | at_b | at_c);
+                    let grad = _mm512_maskz_loadu_ps(bits(n), dy.as_ptr().add(oy * ow + ox));
+                    let (ga, gb) = (
+                        _mm512_maskz_mov_ps(at_a, grad),
+                        _mm512_maskz_mov_ps(at_b, grad),
+                    );
+                    let (gc, gd) = (
+                        _mm512_maskz_mov_ps(at_c, grad),
+                        _mm512_maskz_mov_ps(at_d, grad),
+                    );
+                    let d0 = dx.as_mut_ptr().add(2 * oy * w + 2 * ox);
+                    let d1 = d0.add(w);
+                    _mm512_mask_storeu_ps(d0, lo, _mm512_permutex2var_ps(ga, low, gb));
+                    _mm512_mask_storeu_ps(
+                        d0.wrapping_add(16),
+                        hi,
+                        _mm512_permutex2var_ps(ga, high, gb),
+                    );
+                    _mm512_mask_storeu_ps(d1, lo, _mm512_permutex2var_ps(gc, low, gd));
+                    _mm512_mask_storeu_ps(
+                        d1.wrapping_add(16),
+                        hi,
+                        _mm512_permutex2var_ps(gc, high, gd),
+                    );
+                }
+            }
         }
     }
 }
@@ -860,7 +976,35 @@ mod tests {
             geometry([1, 2, 7, 6], [3, 1, 1], [2, 2], [(0, 0), (0, 0)]),
             geometry([2, 2, 5, 6], [2, 3, 2], [1, 2], [(2, 0), (0, 1)]),
             geometry([17, 2, 5, 5], [3, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            // The CIFAR CNN's second convolution, with a batch over two weight-gradient chunks.
+            geometry([10, 6, 14, 14], [16, 5, 5], [1, 1], [(0, 0), (0, 0)]),
+            geometry([3, 9, 6, 7], [7, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         ]
+    }
+
+    #[test]
+    fn direct_and_im2col_convolutions_agree() {
+        for g in cases() {
+            if !super::super::direct::applies(&g) {
+                continue;
+            }
+            let x = values(g.batch * g.input_len(), 1);
+            let w = values(g.weight_len(), 2);
+            let b = values(g.c_out, 3);
+            let dy = values(g.batch * g.output_len(), 4);
+            close(
+                &conv2d_forward(&g, &x, &w, Some(&b)),
+                &im2col_conv2d_forward(&g, &x, &w, Some(&b)),
+            );
+            close(
+                &conv2d_input_grad(&g, &w, &dy),
+                &im2col_conv2d_input_grad(&g, &w, &dy),
+            );
+            let (dw, db) = conv2d_weight_grad(&g, &x, &dy);
+            let (dw_ref, db_ref) = im2col_conv2d_weight_grad(&g, &x, &dy);
+            close(&dw, &dw_ref);
+            close(&db, &db_ref);
+        }
     }
 
     fn close(a: &[f32], b: &[f32]) {
@@ -941,6 +1085,37 @@ mod tests {
                 .install(|| conv2d_weight_grad(&g, &x, &dy))
         };
         assert_eq!(run(1), run(3));
+    }
+
+    #[test]
+    fn max_pool_fast_paths_follow_the_first_maximum_rule() {
+        // Rows of 39 (19 windows: a full 16-window step and a masked one), values on a coarse
+        // grid so that ties are frequent.
+        let g = PoolGeometry {
+            planes: 3,
+            input: [7, 39],
+            kernel: [2, 2],
+            stride: [2, 2],
+            output: [3, 19],
+        };
+        let x: Vec<f32> = values(3 * 7 * 39, 5)
+            .iter()
+            .map(|v| (v * 3.0).round())
+            .collect();
+        let dy = values(3 * 3 * 19, 6);
+        let (y, dx) = (max_pool2d_forward(&g, &x), max_pool2d_backward(&g, &x, &dy));
+        let mut expected = vec![0.0f32; x.len()];
+        for p in 0..3 {
+            let plane = &x[p * 273..(p + 1) * 273];
+            for oy in 0..3 {
+                for ox in 0..19 {
+                    let at = g.argmax(plane, oy, ox);
+                    assert_eq!(y[p * 57 + oy * 19 + ox], plane[at]);
+                    expected[p * 273 + at] += dy[p * 57 + oy * 19 + ox];
+                }
+            }
+        }
+        assert_eq!(dx, expected);
     }
 
     #[test]

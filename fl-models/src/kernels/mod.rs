@@ -3,9 +3,10 @@
 //!
 //! On the flex backend (feature `flex`, on by default) 2-D convolutions with groups 1 and
 //! dilation 1, unpadded max-pooling and training-mode batch normalisation run hand-written
-//! kernels: im2col + gemm per sample straight in NCHW layout (flex's own convolution converts to
-//! channels-last and packs the batch, and computes the weight gradient as a convolution with the
-//! whole feature map as its kernel), a direct max-pool whose backward pass recomputes the window
+//! kernels: direct stride-1 convolutions with AVX-512 register tiles where the CPU has
+//! AVX-512F, im2col + gemm per sample straight in NCHW layout otherwise (flex's own convolution
+//! converts to channels-last and packs the batch, and computes the weight gradient as a
+//! convolution with the whole feature map as its kernel), a direct max-pool whose backward pass recomputes the window
 //! maxima instead of keeping an index tensor, and a per-channel two-pass batch norm (Burn's is
 //! composed of tensor ops with layout copies). They plug into Burn as a backend extension with their own backward passes, so models
 //! stay ordinary backend-generic Burn modules: on any other backend, and for any other
@@ -18,6 +19,8 @@
 
 #[cfg(feature = "flex")]
 pub(crate) mod cpu;
+#[cfg(feature = "flex")]
+mod direct;
 #[cfg(feature = "flex")]
 mod flex;
 

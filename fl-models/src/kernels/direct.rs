@@ -1,0 +1,577 @@
+//! Direct stride-1 convolution with AVX-512 micro-kernels (no column matrix at all).
+//!
+//! A stride-1 convolution reads, for kernel tap `k = (ci, ky, kx)`, the input plane shifted by
+//! `ky` rows and `kx` columns. Laid out "wide" (output rows as long as the padded input rows,
+//! the few extra columns computed and thrown away), that shifted plane is one contiguous run
+//! of the padded input starting at `offset(k) = ci·Hp·Wp + ky·Wp + kx`. So
+//!
+//! - forward: `y[co, p] = b[co] + Σ_k W[co, k] · x[offset(k) + p]`: register tiles of output
+//!   channels × 32 pixels, each tap one vector load per 16 pixels and one broadcast per channel;
+//! - weight gradient: `dW[co, k] = Σ_n Σ_p dy[n, co, p] · x[n, offset(k) + p]` (the wide `dy`
+//!   holds zeros in the thrown-away columns): register tiles of channels × taps summed over
+//!   pixels and a fixed chunk of samples;
+//! - input gradient: `dx[ci, offset(ky, kx) + p] += Σ_co W[co, ci, ky, kx] · dy[co, p]`, the
+//!   channel sum in registers, added onto the padded input gradient tap by tap (no
+//!   multiply-adds with the zero border a transposed convolution would spend).
+//!
+//! im2col + gemm builds a column matrix `kh·kw` times the input per sample, twice per training
+//! step (forward and weight gradient); on the small feature maps of the CIFAR models building
+//! it cost more than the multiply-adds. Used on x86-64 CPUs with AVX-512F; elsewhere the
+//! im2col path in `cpu.rs` runs. Sums run in a fixed order, so results do not depend on the
+//! thread count.
+
+use super::cpu::Conv2dGeometry;
+use rayon::prelude::*;
+
+/// Floats per AVX-512 vector: the wide rows are padded to a multiple of it.
+const LANES: usize = 16;
+
+/// Samples per partial sum of the weight gradient (fixed, so results are thread-count-free).
+const WEIGHT_GRAD_CHUNK: usize = 8;
+
+/// Whether the direct kernels handle `g` on this CPU: stride 1, a kernel larger than 1×1 (1×1
+/// convolutions need no column matrix and stay with plain gemm), and a feature map large enough
+/// that the wide layout computes at most half as many outputs again as it keeps (VGG's 4×4 and
+/// 2×2 maps would waste most of the work; gemm on their column matrices is fast).
+pub(super) fn applies(g: &Conv2dGeometry) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let [oh, ow] = g.output;
+        g.stride == [1, 1]
+            && g.kernel != [1, 1]
+            && oh > 0
+            && ow > 0
+            && 2 * wide_len(g) <= 3 * oh * ow
+            && std::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = g;
+        false
+    }
+}
+
+/// Wide output length per channel: `(oh − 1)·Wp + ow` with `Wp = ow + kw − 1`, rounded up to
+/// [`LANES`].
+fn wide_len(g: &Conv2dGeometry) -> usize {
+    let [oh, ow] = g.output;
+    ((oh - 1) * (ow + g.kernel[1] - 1) + ow).next_multiple_of(LANES)
+}
+
+/// The wide layout of one stride-1 convolution.
+struct Wide {
+    c_in: usize,
+    /// Output channels rounded up to the channel tile.
+    c_out_padded: usize,
+    /// Channels per register tile (4, 6 or 8).
+    channel_tile: usize,
+    input: [usize; 2],
+    pad_begin: [usize; 2],
+    /// Padded input rows and columns that valid outputs read: `output + kernel − 1`.
+    padded: [usize; 2],
+    output: [usize; 2],
+    /// Wide output length per channel: `(oh − 1)·Wp + ow`, rounded up to [`LANES`].
+    len: usize,
+    /// `offset(k)` for every tap `k = (ci, ky, kx)`, in weight order.
+    offsets: Vec<usize>,
+    /// Padded input buffer length: every read `offset(k) + p`, `p < len`, is inside.
+    input_len: usize,
+}
+
+impl Wide {
+    fn new(g: &Conv2dGeometry) -> Self {
+        let [kh, kw] = g.kernel;
+        let [oh, ow] = g.output;
+        let padded = [oh + kh - 1, ow + kw - 1];
+        let len = wide_len(g);
+        let plane = padded[0] * padded[1];
+        let mut offsets = Vec::with_capacity(g.c_in * kh * kw);
+        for ci in 0..g.c_in {
+            for ky in 0..kh {
+                for kx in 0..kw {
+                    offsets.push(ci * plane + ky * padded[1] + kx);
+                }
+            }
+        }
+        let input_len = offsets.last().copied().unwrap_or(0) + len;
+        let channel_tile = channel_tile(g.c_out);
+        Wide {
+            c_in: g.c_in,
+            c_out_padded: g.c_out.next_multiple_of(channel_tile),
+            channel_tile,
+            input: g.input,
+            pad_begin: g.pad_begin,
+            padded,
+            output: g.output,
+            len,
+            offsets,
+            input_len,
+        }
+    }
+
+    /// Copies one sample into the zero-padded input buffer.
+    fn pad_input(&self, x_n: &[f32], buf: &mut [f32]) {
+        let [h, w] = self.input;
+        let [hp, wp] = self.padded;
+        let [ph, pw] = self.pad_begin;
+        let plane = hp * wp;
+        if [ph, pw] == [0, 0] && [hp, wp] == [h, w] {
+            // Unpadded and nothing cut off: the planes are already laid out as needed.
+            let body = self.c_in * plane;
+            buf[..body].copy_from_slice(&x_n[..body]);
+            buf[body..].fill(0.0);
+            return;
+        }
+        buf.fill(0.0);
+        let (rows, cols) = (hp.min(h + ph), w.min(wp.saturating_sub(pw)));
+        for ci in 0..self.c_in {
+            let src = &x_n[ci * h * w..(ci + 1) * h * w];
+            let dst = &mut buf[ci * plane..(ci + 1) * plane];
+            for r in ph..rows {
+                let row = &src[(r - ph) * w..][..cols];
+                dst[r * wp + pw..][..cols].copy_from_slice(row);
+            }
+        }
+    }
+
+    /// Spreads one sample's output gradient `[c_out, oh, ow]` into the wide layout (zeros in the
+    /// extra columns, the tail and the padding channels).
+    fn widen(&self, dy_n: &[f32], c_out: usize, buf: &mut [f32]) {
+        let [oh, ow] = self.output;
+        let wp = self.padded[1];
+        buf.fill(0.0);
+        for co in 0..c_out {
+            for oy in 0..oh {
+                let src = &dy_n[(co * oh + oy) * ow..][..ow];
+                buf[co * self.len + oy * wp..][..ow].copy_from_slice(src);
+            }
+        }
+    }
+}
+
+/// The channel tile that wastes the fewest padding channels (the larger on a tie).
+fn channel_tile(c_out: usize) -> usize {
+    [8, 6, 4]
+        .into_iter()
+        .min_by_key(|&t| c_out.next_multiple_of(t))
+        .expect("three candidates")
+}
+
+/// Weights `[c_out, K]` as `[c_out_padded / tile][K][tile]` (zeros for the padding channels),
+/// so a tile's broadcasts read consecutive floats.
+fn pack_weights(weight: &[f32], c_out: usize, taps: usize, tile: usize) -> Vec<f32> {
+    let mut packed = vec![0.0f32; c_out.next_multiple_of(tile) * taps];
+    for co in 0..c_out {
+        let (block, lane) = (co / tile, co % tile);
+        for k in 0..taps {
+            packed[(block * taps + k) * tile + lane] = weight[co * taps + k];
+        }
+    }
+    packed
+}
+
+/// Forward convolution (stride 1), the same contract as `cpu::conv2d_forward`.
+pub(super) fn conv2d_forward(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    let wide = Wide::new(g);
+    let packed = pack_weights(weight, g.c_out, wide.offsets.len(), wide.channel_tile);
+    let mut bias_padded = vec![0.0f32; wide.c_out_padded];
+    if let Some(bias) = bias {
+        bias_padded[..g.c_out].copy_from_slice(bias);
+    }
+    let [oh, ow] = g.output;
+    let mut y = vec![0.0f32; g.batch * g.output_len()];
+    y.par_chunks_mut(g.output_len())
+        .zip(x.par_chunks(g.input_len()))
+        .for_each_init(
+            || Scratch::new(&wide),
+            |scratch, (y_n, x_n)| {
+                wide.pad_input(x_n, &mut scratch.input);
+                forward_wide(
+                    &wide,
+                    &scratch.input,
+                    &packed,
+                    &bias_padded,
+                    &mut scratch.output,
+                );
+                let wp = wide.padded[1];
+                for co in 0..g.c_out {
+                    for oy in 0..oh {
+                        y_n[(co * oh + oy) * ow..][..ow]
+                            .copy_from_slice(&scratch.output[co * wide.len + oy * wp..][..ow]);
+                    }
+                }
+            },
+        );
+    y
+}
+
+/// Input gradient (stride 1), the same contract as `cpu::conv2d_input_grad`.
+pub(super) fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    let wide = Wide::new(g);
+    // Tiles over input channels now: W as [c_in_padded / tile][kh·kw][c_out][tile].
+    let tile = channel_tile(g.c_in);
+    let c_in_padded = g.c_in.next_multiple_of(tile);
+    let taps = g.kernel[0] * g.kernel[1];
+    let mut packed = vec![0.0f32; c_in_padded * taps * g.c_out];
+    for co in 0..g.c_out {
+        for ci in 0..g.c_in {
+            for k in 0..taps {
+                packed[(((ci / tile) * taps + k) * g.c_out + co) * tile + ci % tile] =
+                    weight[(co * g.c_in + ci) * taps + k];
+            }
+        }
+    }
+    let plane = wide.padded[0] * wide.padded[1];
+    // Padded input gradient: every channel tile's writes stay inside (the last tap's offset
+    // plus the wide length).
+    let padded_len = (c_in_padded - 1) * plane + wide.offsets[taps - 1] + wide.len;
+    let [h, w] = g.input;
+    let [ph, pw] = g.pad_begin;
+    let wp = wide.padded[1];
+    // Inputs outside the padded window (cut off by the output size) get no gradient.
+    let (rows, cols) = (
+        h.min(wide.padded[0].saturating_sub(ph)),
+        w.min(wp.saturating_sub(pw)),
+    );
+    let mut dx = vec![0.0f32; g.batch * g.input_len()];
+    dx.par_chunks_mut(g.input_len())
+        .zip(dy.par_chunks(g.output_len()))
+        .for_each_init(
+            || (vec![0.0f32; g.c_out * wide.len], vec![0.0f32; padded_len]),
+            |(wide_dy, dx_padded), (dx_n, dy_n)| {
+                wide.widen(dy_n, g.c_out, wide_dy);
+                dx_padded.fill(0.0);
+                scatter_wide(
+                    &wide,
+                    g.c_out,
+                    tile,
+                    c_in_padded,
+                    wide_dy,
+                    &packed,
+                    dx_padded,
+                );
+                for ci in 0..g.c_in {
+                    for iy in 0..rows {
+                        dx_n[(ci * h + iy) * w..][..cols].copy_from_slice(
+                            &dx_padded[ci * plane + (iy + ph) * wp + pw..][..cols],
+                        );
+                    }
+                }
+            },
+        );
+    dx
+}
+
+/// Weight and bias gradients (stride 1), the same contract as `cpu::conv2d_weight_grad`.
+pub(super) fn conv2d_weight_grad(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    dy: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let wide = Wide::new(g);
+    let chunks = g.batch.div_ceil(WEIGHT_GRAD_CHUNK);
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = (0..chunks)
+        .into_par_iter()
+        .map(|chunk| {
+            let samples = chunk * WEIGHT_GRAD_CHUNK..((chunk + 1) * WEIGHT_GRAD_CHUNK).min(g.batch);
+            weight_grad_chunk(g, &wide, x, dy, samples)
+        })
+        .collect();
+    let mut parts = partials.into_iter();
+    let (mut dw, mut db) = parts.next().expect("at least one chunk");
+    for (pw, pb) in parts {
+        dw.iter_mut().zip(&pw).for_each(|(a, b)| *a += b);
+        db.iter_mut().zip(&pb).for_each(|(a, b)| *a += b);
+    }
+    (dw, db)
+}
+
+/// Per-thread buffers: one padded input, one wide output.
+struct Scratch {
+    input: Vec<f32>,
+    output: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(wide: &Wide) -> Self {
+        Scratch {
+            input: vec![0.0; wide.input_len],
+            output: vec![0.0; wide.c_out_padded * wide.len],
+        }
+    }
+}
+
+/// `out[co, p] = bias[co] + Σ_k W[co, k] · input[offset(k) + p]` for all padded channels and
+/// `p < len`.
+fn forward_wide(wide: &Wide, input: &[f32], packed: &[f32], bias: &[f32], out: &mut [f32]) {
+    let taps = wide.offsets.len();
+    assert!(input.len() >= wide.input_len, "direct conv: input buffer");
+    assert!(
+        out.len() >= wide.c_out_padded * wide.len,
+        "direct conv: output buffer"
+    );
+    assert!(packed.len() >= wide.c_out_padded * taps && bias.len() >= wide.c_out_padded);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `applies` checked AVX-512F (no Wide is built otherwise); the asserts above and
+        // `Wide::input_len` bound every load and store of the tiles.
+        unsafe {
+            // Two vectors of pixels per tile where the wide length allows, else one.
+            match (wide.channel_tile, wide.len.is_multiple_of(2 * LANES)) {
+                (8, true) => avx512::forward::<8, 2>(wide, input, packed, bias, out),
+                (6, true) => avx512::forward::<6, 2>(wide, input, packed, bias, out),
+                (_, true) => avx512::forward::<4, 2>(wide, input, packed, bias, out),
+                (8, false) => avx512::forward::<8, 1>(wide, input, packed, bias, out),
+                (6, false) => avx512::forward::<6, 1>(wide, input, packed, bias, out),
+                (_, false) => avx512::forward::<4, 1>(wide, input, packed, bias, out),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("direct convolution is only used on x86-64");
+}
+
+/// `dx[ci, offset(ky, kx) + p] += Σ_co W[co, ci, ky, kx] · dy[co, p]` for all padded input
+/// channels, taps and `p < len`, onto the padded input gradient `dx`.
+fn scatter_wide(
+    wide: &Wide,
+    c_out: usize,
+    tile: usize,
+    c_in_padded: usize,
+    wide_dy: &[f32],
+    packed: &[f32],
+    dx: &mut [f32],
+) {
+    let taps = wide.offsets.len() / wide.c_in;
+    let plane = wide.padded[0] * wide.padded[1];
+    assert!(
+        wide_dy.len() >= c_out * wide.len,
+        "direct conv: gradient buffer"
+    );
+    assert!(
+        packed.len() >= c_in_padded * taps * c_out,
+        "direct conv: weights"
+    );
+    assert!(
+        dx.len() >= (c_in_padded - 1) * plane + wide.offsets[taps - 1] + wide.len,
+        "direct conv: input gradient buffer"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `applies` checked AVX-512F; the asserts above bound every access.
+        unsafe {
+            match tile {
+                8 => avx512::scatter::<8>(wide, c_out, c_in_padded, wide_dy, packed, dx),
+                6 => avx512::scatter::<6>(wide, c_out, c_in_padded, wide_dy, packed, dx),
+                _ => avx512::scatter::<4>(wide, c_out, c_in_padded, wide_dy, packed, dx),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("direct convolution is only used on x86-64");
+}
+
+/// The weight and bias gradients of some consecutive samples.
+fn weight_grad_chunk(
+    g: &Conv2dGeometry,
+    wide: &Wide,
+    x: &[f32],
+    dy: &[f32],
+    samples: std::ops::Range<usize>,
+) -> (Vec<f32>, Vec<f32>) {
+    let count = samples.len();
+    let mut inputs = vec![0.0f32; count * wide.input_len];
+    let wide_dy_len = wide.c_out_padded * wide.len;
+    let mut grads = vec![0.0f32; count * wide_dy_len];
+    let mut db = vec![0.0f32; g.c_out];
+    for (i, n) in samples.enumerate() {
+        let x_n = &x[n * g.input_len()..(n + 1) * g.input_len()];
+        let dy_n = &dy[n * g.output_len()..(n + 1) * g.output_len()];
+        wide.pad_input(
+            x_n,
+            &mut inputs[i * wide.input_len..(i + 1) * wide.input_len],
+        );
+        wide.widen(
+            dy_n,
+            g.c_out,
+            &mut grads[i * wide_dy_len..(i + 1) * wide_dy_len],
+        );
+        for (b, plane) in db.iter_mut().zip(dy_n.chunks(g.out_plane())) {
+            *b += super::cpu::sum(plane);
+        }
+    }
+    let taps = wide.offsets.len();
+    let mut dw = vec![0.0f32; g.c_out * taps];
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `forward_wide`: AVX-512F is present, and the buffers were sized from
+        // `wide` just above.
+        unsafe {
+            match wide.channel_tile {
+                8 => avx512::weight_grad::<8, 3>(wide, count, &inputs, &grads, g.c_out, &mut dw),
+                6 => avx512::weight_grad::<6, 4>(wide, count, &inputs, &grads, g.c_out, &mut dw),
+                _ => avx512::weight_grad::<4, 6>(wide, count, &inputs, &grads, g.c_out, &mut dw),
+            }
+        }
+    }
+    (dw, db)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{LANES, Wide};
+    use std::arch::x86_64::*;
+
+    /// Forward tiles of `C` channels × `P` vectors of pixels.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `wide.len` is a multiple of `16·P`; `input.len() >=
+    /// wide.input_len`, `out.len() >= c_out_padded · len`, `packed` holds `c_out_padded · taps`
+    /// floats and `bias` `c_out_padded`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn forward<const C: usize, const P: usize>(
+        wide: &Wide,
+        input: &[f32],
+        packed: &[f32],
+        bias: &[f32],
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller upholds this function's contract.
+        unsafe {
+            let taps = wide.offsets.len();
+            let (x, o) = (input.as_ptr(), out.as_mut_ptr());
+            for block in 0..wide.c_out_padded / C {
+                let w = packed.as_ptr().add(block * taps * C);
+                for p in (0..wide.len).step_by(LANES * P) {
+                    let mut acc = [[_mm512_setzero_ps(); P]; C];
+                    for (c, a) in acc.iter_mut().enumerate() {
+                        *a = [_mm512_set1_ps(bias[block * C + c]); P];
+                    }
+                    for (k, &offset) in wide.offsets.iter().enumerate() {
+                        let src = x.add(offset + p);
+                        let xv: [__m512; P] =
+                            std::array::from_fn(|v| _mm512_loadu_ps(src.add(v * LANES)));
+                        let wk = w.add(k * C);
+                        for (c, a) in acc.iter_mut().enumerate() {
+                            let wc = _mm512_set1_ps(*wk.add(c));
+                            for v in 0..P {
+                                a[v] = _mm512_fmadd_ps(wc, xv[v], a[v]);
+                            }
+                        }
+                    }
+                    for (c, a) in acc.iter().enumerate() {
+                        let dst = o.add((block * C + c) * wide.len + p);
+                        for (v, value) in a.iter().enumerate() {
+                            _mm512_storeu_ps(dst.add(v * LANES), *value);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Input-gradient tiles: for `C` input channels, one tap and 16 pixels, the sum over output
+    /// channels in registers, then added onto the padded input gradient at the tap's offset.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `wide_dy` holds `c_out · len` floats, `packed` `c_in_padded ·
+    /// taps · c_out`, and `dx` reaches the last channel's last tap offset plus `len`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scatter<const C: usize>(
+        wide: &Wide,
+        c_out: usize,
+        c_in_padded: usize,
+        wide_dy: &[f32],
+        packed: &[f32],
+        dx: &mut [f32],
+    ) {
+        // SAFETY: the caller upholds this function's contract.
+        unsafe {
+            let taps = wide.offsets.len() / wide.c_in;
+            let plane = wide.padded[0] * wide.padded[1];
+            let (dy, out) = (wide_dy.as_ptr(), dx.as_mut_ptr());
+            for block in 0..c_in_padded / C {
+                for (k, &offset) in wide.offsets[..taps].iter().enumerate() {
+                    let w = packed.as_ptr().add((block * taps + k) * c_out * C);
+                    for p in (0..wide.len).step_by(LANES) {
+                        let mut acc = [_mm512_setzero_ps(); C];
+                        for co in 0..c_out {
+                            let d = _mm512_loadu_ps(dy.add(co * wide.len + p));
+                            let wc = w.add(co * C);
+                            for (c, a) in acc.iter_mut().enumerate() {
+                                *a = _mm512_fmadd_ps(_mm512_set1_ps(*wc.add(c)), d, *a);
+                            }
+                        }
+                        for (c, a) in acc.iter().enumerate() {
+                            let dst = out.add((block * C + c) * plane + offset + p);
+                            _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), *a));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Weight-gradient tiles of `C` channels × `T` taps, summed over the pixels of `count`
+    /// samples (in order), then reduced to `dw[co, k]`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `inputs` holds `count` padded inputs of `wide.input_len`
+    /// floats, `grads` `count` wide gradients of `c_out_padded · len` floats, and `dw`
+    /// `c_out · taps` floats.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn weight_grad<const C: usize, const T: usize>(
+        wide: &Wide,
+        count: usize,
+        inputs: &[f32],
+        grads: &[f32],
+        c_out: usize,
+        dw: &mut [f32],
+    ) {
+        // SAFETY: the caller upholds this function's contract.
+        unsafe {
+            let taps = wide.offsets.len();
+            let grad_len = wide.c_out_padded * wide.len;
+            assert!(inputs.len() >= count * wide.input_len && grads.len() >= count * grad_len);
+            assert!(dw.len() >= c_out * taps);
+            for block in 0..wide.c_out_padded / C {
+                for k0 in (0..taps).step_by(T) {
+                    // Taps past the end repeat the last one; their sums are dropped.
+                    let offsets: [usize; T] =
+                        std::array::from_fn(|t| wide.offsets[(k0 + t).min(taps - 1)]);
+                    let mut acc = [[_mm512_setzero_ps(); T]; C];
+                    for n in 0..count {
+                        let x = inputs.as_ptr().add(n * wide.input_len);
+                        let dy = grads.as_ptr().add(n * grad_len + block * C * wide.len);
+                        for p in (0..wide.len).step_by(LANES) {
+                            let d: [__m512; C] =
+                                std::array::from_fn(|c| _mm512_loadu_ps(dy.add(c * wide.len + p)));
+                            for (t, &offset) in offsets.iter().enumerate() {
+                                let xv = _mm512_loadu_ps(x.add(offset + p));
+                                for c in 0..C {
+                                    acc[c][t] = _mm512_fmadd_ps(d[c], xv, acc[c][t]);
+                                }
+                            }
+                        }
+                    }
+                    for (c, row) in acc.iter().enumerate() {
+                        let co = block * C + c;
+                        if co >= c_out {
+                            break;
+                        }
+                        for (t, v) in row.iter().enumerate() {
+                            if k0 + t < taps {
+                                dw[co * taps + k0 + t] = _mm512_reduce_add_ps(*v);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
