@@ -48,7 +48,7 @@ pub struct RunConfig {
     pub momentum: f64,
     /// Local weight decay.
     pub weight_decay: f64,
-    /// `iid` or `dirichlet`.
+    /// `iid`, `dirichlet`, `dirichlet-balanced`, `pathological` or `natural`.
     pub partition: String,
     /// Dirichlet concentration.
     pub alpha: f64,
@@ -256,7 +256,9 @@ pub struct RunArgs {
     /// Local L2 weight decay.
     #[arg(long)]
     pub weight_decay: Option<f64>,
-    /// Client partition: iid, dirichlet, pathological (k classes per client), or natural (the
+    /// Client partition: iid, dirichlet (per-class Dirichlet shares, as the FedMR code),
+    /// dirichlet-balanced (equal sizes, per-client Dirichlet label mix: every client gets
+    /// samples, for thousands of clients), pathological (k classes per client), or natural (the
     /// dataset's own: FEMNIST writers).
     #[arg(long)]
     pub partition: Option<String>,
@@ -706,12 +708,21 @@ impl RunConfig {
                     min_size: self.min_client_size,
                 })
             }
+            "dirichlet-balanced" => {
+                if !(self.alpha.is_finite() && self.alpha > 0.0) {
+                    bail!("--alpha must be a positive number, got {}", self.alpha);
+                }
+                Ok(PartitionScheme::BalancedDirichlet { alpha: self.alpha })
+            }
             "pathological" => Ok(PartitionScheme::Pathological {
                 classes_per_client: self.classes_per_client,
             }),
             "natural" => bail!("the natural partition is not drawn; it comes with the dataset"),
             other => {
-                bail!("unknown partition '{other}' (known: iid, dirichlet, pathological, natural)")
+                bail!(
+                    "unknown partition '{other}' (known: iid, dirichlet, dirichlet-balanced, \
+                     pathological, natural)"
+                )
             }
         }
     }

@@ -345,6 +345,7 @@ pub fn partition(run: Option<&Path>, args: &RunArgs, image: &Path) -> anyhow::Re
     };
     let scheme = match cfg.partition.as_str() {
         "dirichlet" => format!("Dirichlet {}", cfg.alpha),
+        "dirichlet-balanced" => format!("balanced Dirichlet {}", cfg.alpha),
         "pathological" => format!("{} classes per client", cfg.classes_per_client),
         other => other.to_string(),
     };

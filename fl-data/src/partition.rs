@@ -27,6 +27,15 @@ pub enum PartitionScheme {
         /// Smallest number of samples any client may get.
         min_size: usize,
     },
+    /// Equal client sizes (as IID), each client's label mix drawn from Dirichlet(α, …, α)
+    /// (Hsu et al. 2019; FedLab's `client_inner_dirichlet_partition`). Every client gets a
+    /// sample whatever α, so it scales to thousands of clients where
+    /// [`Dirichlet`](PartitionScheme::Dirichlet) cannot give each one a sample. With few clients the fixed class totals
+    /// dilute the skew (a class runs out and the clients that favour it draw from the others).
+    BalancedDirichlet {
+        /// Concentration of each client's label distribution.
+        alpha: f64,
+    },
     /// Pathological non-IID: every client holds exactly `classes_per_client` distinct classes
     /// (pFedClub: 2). Classes are dealt round-robin over a shuffled class order, so each class
     /// goes to the same number of clients (±1), and each class's samples are split equally
@@ -62,7 +71,7 @@ impl Partition {
             ));
         }
         let min_size = match scheme {
-            PartitionScheme::Iid => 1,
+            PartitionScheme::Iid | PartitionScheme::BalancedDirichlet { .. } => 1,
             PartitionScheme::Dirichlet { min_size, .. } => (*min_size).max(1),
             PartitionScheme::Pathological { classes_per_client } => (*classes_per_client).max(1),
         };
@@ -76,12 +85,17 @@ impl Partition {
         match scheme {
             PartitionScheme::Iid => Ok(Self::iid(labels.len(), num_clients, &mut rng)),
             PartitionScheme::Dirichlet { alpha, .. } => {
-                if !(alpha.is_finite() && *alpha > 0.0) {
-                    return Err(DataError::Partition(format!(
-                        "Dirichlet alpha must be a positive number, got {alpha}"
-                    )));
-                }
                 Self::dirichlet(labels, num_classes, num_clients, *alpha, min_size, &mut rng)
+            }
+            PartitionScheme::BalancedDirichlet { alpha } => {
+                let gamma = dirichlet_gamma(*alpha)?;
+                Ok(Self::balanced_dirichlet(
+                    labels,
+                    num_classes,
+                    num_clients,
+                    &gamma,
+                    &mut rng,
+                ))
             }
             PartitionScheme::Pathological { classes_per_client } => Self::pathological(
                 labels,
@@ -148,13 +162,57 @@ impl Partition {
     fn iid(n: usize, num_clients: usize, rng: &mut ChaCha8Rng) -> Self {
         let mut order: Vec<usize> = (0..n).collect();
         order.shuffle(rng);
-        let (base, extra) = (n / num_clients, n % num_clients);
         let mut clients = Vec::with_capacity(num_clients);
         let mut start = 0;
-        for i in 0..num_clients {
-            let len = base + usize::from(i < extra);
+        for len in equal_shares(n, num_clients) {
             clients.push(order[start..start + len].to_vec());
             start += len;
+        }
+        Self { clients }
+    }
+
+    /// Equal shares; each client draws its label mix `q ~ Dir(α)` once, then the samples are
+    /// dealt one at a time to the clients in a shuffled order of all their slots, each slot's
+    /// class drawn from the client's `q` restricted to classes with samples left (FedLab redraws
+    /// until it hits such a class, which never ends when all of them ran out; we renormalise,
+    /// and fall back to the remaining class sizes when the client's mass is all spent).
+    fn balanced_dirichlet(
+        labels: &[u16],
+        num_classes: usize,
+        num_clients: usize,
+        gamma: &Gamma<f64>,
+        rng: &mut ChaCha8Rng,
+    ) -> Self {
+        let mut pools = vec![Vec::new(); num_classes];
+        for (i, &l) in labels.iter().enumerate() {
+            pools[l as usize].push(i);
+        }
+        for pool in &mut pools {
+            pool.shuffle(rng);
+        }
+        let mixes: Vec<Vec<f64>> = (0..num_clients)
+            .map(|_| (0..num_classes).map(|_| gamma.sample(rng)).collect())
+            .collect();
+        let shares = equal_shares(labels.len(), num_clients);
+        let mut slots: Vec<usize> = (0..num_clients)
+            .flat_map(|c| std::iter::repeat_n(c, shares[c]))
+            .collect();
+        slots.shuffle(rng);
+        let mut clients: Vec<Vec<usize>> = shares.iter().map(|&n| Vec::with_capacity(n)).collect();
+        for client in slots {
+            let mix = &mixes[client];
+            let mass = |k: usize| if pools[k].is_empty() { 0.0 } else { mix[k] };
+            let total: f64 = (0..num_classes).map(mass).sum();
+            let class = if total > 0.0 && total.is_finite() {
+                pick(rng.random::<f64>() * total, (0..num_classes).map(mass))
+            } else {
+                let left: f64 = pools.iter().map(|p| p.len() as f64).sum();
+                pick(
+                    rng.random::<f64>() * left,
+                    pools.iter().map(|p| p.len() as f64),
+                )
+            };
+            clients[client].push(pools[class].pop().expect("the picked class has samples"));
         }
         Self { clients }
     }
@@ -170,8 +228,7 @@ impl Partition {
         min_size: usize,
         rng: &mut ChaCha8Rng,
     ) -> Result<Self, DataError> {
-        let gamma = Gamma::new(alpha, 1.0)
-            .map_err(|e| DataError::Partition(format!("alpha {alpha}: {e}")))?;
+        let gamma = dirichlet_gamma(alpha)?;
         let mut by_class = vec![Vec::new(); num_classes];
         for (i, &l) in labels.iter().enumerate() {
             by_class[l as usize].push(i);
@@ -324,6 +381,39 @@ impl Partition {
     }
 }
 
+/// The Gamma(α, 1) distribution whose normalised draws are Dirichlet(α, …, α).
+fn dirichlet_gamma(alpha: f64) -> Result<Gamma<f64>, DataError> {
+    if !(alpha.is_finite() && alpha > 0.0) {
+        return Err(DataError::Partition(format!(
+            "Dirichlet alpha must be a positive number, got {alpha}"
+        )));
+    }
+    Gamma::new(alpha, 1.0).map_err(|e| DataError::Partition(format!("alpha {alpha}: {e}")))
+}
+
+/// `n` split into `parts` sizes differing by at most one (the larger ones first).
+fn equal_shares(n: usize, parts: usize) -> Vec<usize> {
+    let (base, extra) = (n / parts, n % parts);
+    (0..parts).map(|i| base + usize::from(i < extra)).collect()
+}
+
+/// The index at which the running sum of `weights` first exceeds `target` (the last positive
+/// weight when rounding leaves `target` at the very end).
+fn pick(target: f64, weights: impl Iterator<Item = f64>) -> usize {
+    let mut cum = 0.0;
+    let mut last = 0;
+    for (k, w) in weights.enumerate() {
+        if w > 0.0 {
+            last = k;
+            cum += w;
+            if target < cum {
+                return k;
+            }
+        }
+    }
+    last
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,6 +517,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("fewer than the 3 clients"), "{e}");
+    }
+
+    #[test]
+    fn balanced_dirichlet_gives_equal_sizes_and_skewed_labels() {
+        let labels = labels(6000, 10);
+        let mean_top_share = |alpha, clients| {
+            let scheme = PartitionScheme::BalancedDirichlet { alpha };
+            let p = Partition::new(&scheme, &labels, 10, clients, 7).unwrap();
+            p.validate(6000).unwrap();
+            assert_eq!(p.sizes().iter().sum::<usize>(), 6000);
+            let base = 6000 / clients;
+            assert!(p.sizes().iter().all(|&s| s == base || s == base + 1));
+            assert_eq!(p, Partition::new(&scheme, &labels, 10, clients, 7).unwrap());
+            let h = p.label_histogram(&labels, 10);
+            h.iter()
+                .map(|c| *c.iter().max().unwrap() as f64 / c.iter().sum::<usize>() as f64)
+                .sum::<f64>()
+                / clients as f64
+        };
+        // With few clients the fixed class totals dilute the skew (a class runs out and its
+        // takers draw from the rest); with many it follows the clients' own mixes.
+        assert!(mean_top_share(0.1, 20) > 0.4);
+        assert!(mean_top_share(100.0, 20) < 0.25);
+        // Every client gets a sample even where the per-class Dirichlet split cannot.
+        assert!(mean_top_share(0.1, 3000) > 0.65);
+        let e = Partition::new(
+            &PartitionScheme::BalancedDirichlet { alpha: 0.0 },
+            &labels,
+            10,
+            5,
+            0,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("alpha must be a positive number"), "{e}");
+        assert_eq!(pick(2.5, [1.0, 0.0, 2.0, 0.0].into_iter()), 2);
+        assert_eq!(pick(3.0, [1.0, 0.0, 2.0, 0.0].into_iter()), 2);
     }
 
     #[test]
