@@ -1004,6 +1004,21 @@ fn partition_heat_map_and_csv() {
         let nonzero = row.split(',').skip(1).filter(|v| *v != "0").count();
         assert_eq!(nonzero, 2, "{row}");
     }
+    // The balanced Dirichlet split gives 10,000 clients six images each at alpha 0.1.
+    let o = fl(&[
+        "partition",
+        "--partition",
+        "dirichlet-balanced",
+        "--alpha",
+        "0.1",
+        "--clients",
+        "10000",
+        "-o",
+        &png.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary = String::from_utf8_lossy(&o.stdout);
+    assert!(summary.contains("sizes 6–6"), "{summary}");
     let o = fl(&["partition", "--run", "/nonexistent"]);
     assert!(
         stderr(&o).starts_with("error: /nonexistent is not a run directory"),
