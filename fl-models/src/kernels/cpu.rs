@@ -430,22 +430,29 @@ pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     im2col_conv2d_weight_grad(g, x, dy)
 }
 
-/// [`conv2d_weight_grad`] by im2col + gemm.
-fn im2col_conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let chunks = g.batch.div_ceil(WEIGHT_GRAD_CHUNK);
-    let partials: Vec<(Vec<f32>, Vec<f32>)> = (0..chunks)
+/// Weight and bias gradients summed over the batch deterministically: `chunk` computes the
+/// partial sums of fixed runs of [`WEIGHT_GRAD_CHUNK`] samples (in parallel), which are then
+/// added in order, so the result does not depend on the thread count.
+pub(super) fn sum_over_chunks<F>(batch: usize, chunk: F) -> (Vec<f32>, Vec<f32>)
+where
+    F: Fn(std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) + Sync,
+{
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = (0..batch.div_ceil(WEIGHT_GRAD_CHUNK))
         .into_par_iter()
-        .map(|chunk| {
-            let samples = chunk * WEIGHT_GRAD_CHUNK..((chunk + 1) * WEIGHT_GRAD_CHUNK).min(g.batch);
-            weight_grad_chunk(g, x, dy, samples)
-        })
+        .map(|c| chunk(c * WEIGHT_GRAD_CHUNK..((c + 1) * WEIGHT_GRAD_CHUNK).min(batch)))
         .collect();
     let mut parts = partials.into_iter();
-    let (mut dw_t, mut db) = parts.next().expect("at least one chunk");
+    let (mut dw, mut db) = parts.next().expect("at least one chunk");
     for (pw, pb) in parts {
-        dw_t.iter_mut().zip(&pw).for_each(|(a, b)| *a += b);
+        dw.iter_mut().zip(&pw).for_each(|(a, b)| *a += b);
         db.iter_mut().zip(&pb).for_each(|(a, b)| *a += b);
     }
+    (dw, db)
+}
+
+/// [`conv2d_weight_grad`] by im2col + gemm.
+fn im2col_conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (dw_t, db) = sum_over_chunks(g.batch, |samples| weight_grad_chunk(g, x, dy, samples));
     if !g.transposed_weight_grad() {
         return (dw_t, db);
     }

@@ -26,9 +26,6 @@ use rayon::prelude::*;
 /// Floats per AVX-512 vector: the wide rows are padded to a multiple of it.
 const LANES: usize = 16;
 
-/// Samples per partial sum of the weight gradient (fixed, so results are thread-count-free).
-const WEIGHT_GRAD_CHUNK: usize = 8;
-
 /// Whether the direct kernels handle `g` on this CPU: stride 1, a kernel larger than 1×1 (1×1
 /// convolutions need no column matrix and stay with plain gemm), and a feature map large enough
 /// that the wide layout computes at most half as many outputs again as it keeps (VGG's 4×4 and
@@ -274,21 +271,9 @@ pub(super) fn conv2d_weight_grad(
     dy: &[f32],
 ) -> (Vec<f32>, Vec<f32>) {
     let wide = Wide::new(g);
-    let chunks = g.batch.div_ceil(WEIGHT_GRAD_CHUNK);
-    let partials: Vec<(Vec<f32>, Vec<f32>)> = (0..chunks)
-        .into_par_iter()
-        .map(|chunk| {
-            let samples = chunk * WEIGHT_GRAD_CHUNK..((chunk + 1) * WEIGHT_GRAD_CHUNK).min(g.batch);
-            weight_grad_chunk(g, &wide, x, dy, samples)
-        })
-        .collect();
-    let mut parts = partials.into_iter();
-    let (mut dw, mut db) = parts.next().expect("at least one chunk");
-    for (pw, pb) in parts {
-        dw.iter_mut().zip(&pw).for_each(|(a, b)| *a += b);
-        db.iter_mut().zip(&pb).for_each(|(a, b)| *a += b);
-    }
-    (dw, db)
+    super::cpu::sum_over_chunks(g.batch, |samples| {
+        weight_grad_chunk(g, &wide, x, dy, samples)
+    })
 }
 
 /// Per-thread buffers: one padded input, one wide output.
