@@ -583,6 +583,47 @@ impl ParamTable {
         Ok(layers)
     }
 
+    /// The Gram matrix of `tables` as flat vectors, `g[i][j] = ⟨tᵢ, tⱼ⟩`, with one host
+    /// readback for all pairs (per-tensor products summed in f64 in tensor order, as
+    /// [`layer_products`](Self::layer_products)).
+    pub fn gram(tables: &[Self]) -> Result<Vec<Vec<f64>>, LayerError> {
+        let Some(first) = tables.first() else {
+            return Ok(Vec::new());
+        };
+        for t in &tables[1..] {
+            first.check_same(t)?;
+        }
+        let k = tables.len();
+        let mut parts: Vec<Tensor<1>> = Vec::with_capacity(k * (k + 1) / 2 * first.values.len());
+        for i in 0..k {
+            for j in i..k {
+                for (a, b) in tables[i].values.iter().zip(&tables[j].values) {
+                    parts.push(if i == j {
+                        a.clone().square().sum()
+                    } else {
+                        a.clone().mul(b.clone()).sum()
+                    });
+                }
+            }
+        }
+        let host = host_f32(Tensor::cat(parts, 0))?;
+        let mut sums = host
+            .chunks(first.values.len().max(1))
+            .map(|c| c.iter().map(|&v| v as f64).sum::<f64>());
+        let mut g = vec![vec![0.0f64; k]; k];
+        for i in 0..k {
+            for j in i..k {
+                let v = if first.values.is_empty() {
+                    0.0
+                } else {
+                    sums.next().expect("one sum per pair")
+                };
+                (g[i][j], g[j][i]) = (v, v);
+            }
+        }
+        Ok(g)
+    }
+
     /// Cosine similarity of the two models as flat vectors.
     pub fn cosine_similarity(&self, other: &Self) -> Result<f64, LayerError> {
         let [dot, xx, yy] = sum_products(&self.layer_products(other)?);
@@ -920,6 +961,16 @@ mod tests {
         assert!(a.l2_distance(&a).unwrap() < 1e-3);
         assert!(a.l2_distance(&b).unwrap() > 0.1);
         assert_eq!(a.layer_cosine_similarity(&b).unwrap().len(), 4);
+        // The Gram matrix agrees with the pairwise products.
+        let c = table(3);
+        let g = ParamTable::gram(&[a.clone(), b.clone(), c.clone()]).unwrap();
+        for (i, x) in [&a, &b, &c].into_iter().enumerate() {
+            for (j, y) in [&a, &b, &c].into_iter().enumerate() {
+                let [dot, xx, _] = sum_products(&x.layer_products(y).unwrap());
+                assert!((g[i][j] - dot).abs() <= 1e-6 * xx.max(1.0), "{i} {j}");
+            }
+        }
+        assert!(ParamTable::gram(&[]).unwrap().is_empty());
         assert!(ParamTable::average(std::slice::from_ref(&a), Some(&[0.0])).is_err());
         assert!(ParamTable::average(&[], None).is_err());
     }
@@ -927,6 +978,10 @@ mod tests {
     #[test]
     fn different_architectures_are_rejected() {
         let other = ParamTable::from_module(&burn::nn::LinearConfig::new(3, 2).init(&device()));
+        assert!(matches!(
+            ParamTable::gram(&[table(1), other.clone()]),
+            Err(LayerError::LayoutMismatch(_))
+        ));
         assert!(matches!(
             table(1).mix(&other, 0.5),
             Err(LayerError::LayoutMismatch(_))

@@ -97,11 +97,13 @@ impl FedMr {
 
 /// Mean cosine similarity over all pairs of `models` (the paper's Fig. 6 diversity measure).
 pub fn mean_pairwise_cosine(models: &[ParamTable]) -> Result<f64, StrategyError> {
+    // One Gram matrix (one host readback) instead of a readback per pair.
+    let g = ParamTable::gram(models)?;
     let mut sum = 0.0;
     let mut pairs = 0usize;
     for i in 0..models.len() {
         for j in i + 1..models.len() {
-            sum += models[i].cosine_similarity(&models[j])?;
+            sum += g[i][j] / (g[i][i].sqrt() * g[j][j].sqrt()).max(f64::MIN_POSITIVE);
             pairs += 1;
         }
     }
