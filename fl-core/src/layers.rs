@@ -594,32 +594,26 @@ impl ParamTable {
             first.check_same(t)?;
         }
         let k = tables.len();
-        let mut parts: Vec<Tensor<1>> = Vec::with_capacity(k * (k + 1) / 2 * first.values.len());
-        for i in 0..k {
-            for j in i..k {
-                for (a, b) in tables[i].values.iter().zip(&tables[j].values) {
-                    parts.push(if i == j {
-                        a.clone().square().sum()
-                    } else {
-                        a.clone().mul(b.clone()).sum()
-                    });
-                }
+        let pairs: Vec<(usize, usize)> = (0..k).flat_map(|i| (i..k).map(move |j| (i, j))).collect();
+        let tensors = first.values.len();
+        let mut g = vec![vec![0.0f64; k]; k];
+        if tensors == 0 {
+            return Ok(g);
+        }
+        let mut parts: Vec<Tensor<1>> = Vec::with_capacity(pairs.len() * tensors);
+        for &(i, j) in &pairs {
+            for (a, b) in tables[i].values.iter().zip(&tables[j].values) {
+                parts.push(if i == j {
+                    a.clone().square().sum()
+                } else {
+                    a.clone().mul(b.clone()).sum()
+                });
             }
         }
         let host = host_f32(Tensor::cat(parts, 0))?;
-        let mut sums = host
-            .chunks(first.values.len().max(1))
-            .map(|c| c.iter().map(|&v| v as f64).sum::<f64>());
-        let mut g = vec![vec![0.0f64; k]; k];
-        for i in 0..k {
-            for j in i..k {
-                let v = if first.values.is_empty() {
-                    0.0
-                } else {
-                    sums.next().expect("one sum per pair")
-                };
-                (g[i][j], g[j][i]) = (v, v);
-            }
+        for (&(i, j), products) in pairs.iter().zip(host.chunks(tensors)) {
+            let v: f64 = products.iter().map(|&p| p as f64).sum();
+            (g[i][j], g[j][i]) = (v, v);
         }
         Ok(g)
     }
