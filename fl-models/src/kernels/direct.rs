@@ -5,8 +5,9 @@
 //! the few extra columns computed and thrown away), that shifted plane is one contiguous run
 //! of the padded input starting at `offset(k) = ci·Hp·Wp + ky·Wp + kx`. So
 //!
-//! - forward: `y[co, p] = b[co] + Σ_k W[co, k] · x[offset(k) + p]`: register tiles of output
-//!   channels × 32 pixels, each tap one vector load per 16 pixels and one broadcast per channel;
+//! - forward: `y[co, p] = b[co] + Σ_k W[co, k] · x[offset(k) + p]`: register tiles of 4, 6
+//!   or 8 output channels × 16 or 32 pixels, each tap one vector load per 16 pixels and one
+//!   broadcast per channel;
 //! - weight gradient: `dW[co, k] = Σ_n Σ_p dy[n, co, p] · x[n, offset(k) + p]` (the wide `dy`
 //!   holds zeros in the thrown-away columns): register tiles of channels × taps summed over
 //!   pixels and a fixed chunk of samples;
@@ -16,8 +17,8 @@
 //!
 //! im2col + gemm builds a column matrix `kh·kw` times the input per sample, twice per training
 //! step (forward and weight gradient); on the small feature maps of the CIFAR models building
-//! it cost more than the multiply-adds. Used on x86-64 CPUs with AVX-512F; elsewhere the
-//! im2col path in `cpu.rs` runs. Sums run in a fixed order, so results do not depend on the
+//! it cost more than the multiply-adds. Used on x86-64 CPUs with AVX-512F for maps where the
+//! wide layout wastes little (see [`applies`]); elsewhere the im2col path in `cpu.rs` runs. Sums run in a fixed order, so results do not depend on the
 //! thread count.
 
 use super::cpu::Conv2dGeometry;
