@@ -697,23 +697,19 @@ impl RunConfig {
 
     /// The partition scheme.
     pub fn partition_scheme(&self) -> anyhow::Result<PartitionScheme> {
+        let alpha = || {
+            if !(self.alpha.is_finite() && self.alpha > 0.0) {
+                bail!("--alpha must be a positive number, got {}", self.alpha);
+            }
+            Ok(self.alpha)
+        };
         match self.partition.as_str() {
             "iid" => Ok(PartitionScheme::Iid),
-            "dirichlet" => {
-                if !(self.alpha.is_finite() && self.alpha > 0.0) {
-                    bail!("--alpha must be a positive number, got {}", self.alpha);
-                }
-                Ok(PartitionScheme::Dirichlet {
-                    alpha: self.alpha,
-                    min_size: self.min_client_size,
-                })
-            }
-            "dirichlet-balanced" => {
-                if !(self.alpha.is_finite() && self.alpha > 0.0) {
-                    bail!("--alpha must be a positive number, got {}", self.alpha);
-                }
-                Ok(PartitionScheme::BalancedDirichlet { alpha: self.alpha })
-            }
+            "dirichlet" => Ok(PartitionScheme::Dirichlet {
+                alpha: alpha()?,
+                min_size: self.min_client_size,
+            }),
+            "dirichlet-balanced" => Ok(PartitionScheme::BalancedDirichlet { alpha: alpha()? }),
             "pathological" => Ok(PartitionScheme::Pathological {
                 classes_per_client: self.classes_per_client,
             }),

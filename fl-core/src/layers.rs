@@ -621,7 +621,7 @@ impl ParamTable {
     /// Cosine similarity of the two models as flat vectors.
     pub fn cosine_similarity(&self, other: &Self) -> Result<f64, LayerError> {
         let [dot, xx, yy] = sum_products(&self.layer_products(other)?);
-        Ok(dot / (xx.sqrt() * yy.sqrt()).max(f64::MIN_POSITIVE))
+        Ok(cosine([dot, xx, yy]))
     }
 
     /// Cosine similarity per layer, in layer order.
@@ -629,7 +629,7 @@ impl ParamTable {
         Ok(self
             .layer_products(other)?
             .into_iter()
-            .map(|[dot, xx, yy]| dot / (xx.sqrt() * yy.sqrt()).max(f64::MIN_POSITIVE))
+            .map(cosine)
             .collect())
     }
 
@@ -745,6 +745,11 @@ impl ParamTable {
             }
         })
     }
+}
+
+/// Cosine similarity from `[x·y, ‖x‖², ‖y‖²]` (0 when either vector is zero).
+pub fn cosine([dot, xx, yy]: [f64; 3]) -> f64 {
+    dot / (xx.sqrt() * yy.sqrt()).max(f64::MIN_POSITIVE)
 }
 
 /// Sums per-layer `[x·y, ‖x‖², ‖y‖²]` (from [`ParamTable::layer_products`]) over layers.

@@ -22,7 +22,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{Map, Value, json};
 
 use super::{FedAvg, ModelSlots, Strategy, StrategyError, StrategyState};
-use crate::layers::{Granularity, ParamTable, recombine};
+use crate::layers::{Granularity, ParamTable, cosine, recombine};
 use crate::secure::{SecureExchange, ServerKeys};
 use crate::trainer::LocalUpdate;
 
@@ -103,7 +103,7 @@ pub fn mean_pairwise_cosine(models: &[ParamTable]) -> Result<f64, StrategyError>
     let mut pairs = 0usize;
     for i in 0..models.len() {
         for j in i + 1..models.len() {
-            sum += g[i][j] / (g[i][i].sqrt() * g[j][j].sqrt()).max(f64::MIN_POSITIVE);
+            sum += cosine([g[i][j], g[i][i], g[j][j]]);
             pairs += 1;
         }
     }

@@ -621,13 +621,14 @@ pub fn max_pool2d_backward(g: &PoolGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> 
 #[inline(never)]
 fn pool_backward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], dy_p: &[f32], dx_p: &mut [f32]) {
     let (w, [oh, ow]) = (g.input[1], g.output);
+    let fast = pair && !has_nan(x_p);
     #[cfg(target_arch = "x86_64")]
-    if pair && std::is_x86_feature_detected!("avx512f") && !has_nan(x_p) {
+    if fast && std::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F is present; the function checks the slice lengths it relies on.
         unsafe { avx512_pool::backward_2x2(w, g.output, x_p, dy_p, dx_p) };
         return;
     }
-    if pair && !has_nan(x_p) {
+    if fast {
         // Windows do not overlap: each input gets its window's gradient or zero, chosen with
         // comparisons and selects (no data-dependent branches or indices).
         for (oy, grads) in dy_p.chunks_exact(ow).enumerate() {
