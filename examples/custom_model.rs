@@ -66,6 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         out_dir: None,
         objective: None,
+        clients: None,
     };
     let fedmr = FedMr::new(FedMrConfig {
         granularity: Granularity::Layer,
@@ -80,7 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })?;
         println!(
             "{name}: final model has {} parameters",
-            summary.global.num_elements()
+            summary.global.map_or(0, |g| g.num_elements())
         );
     }
     Ok(())

@@ -9,13 +9,11 @@ use federated::core::strategy::pfedclub::cmsr::BlockRef;
 use federated::core::strategy::pfedclub::stitch::{
     StitchTraining, Stitches, fit_stitches, forward_candidate, stitch_shapes,
 };
-use federated::core::strategy::pfedclub::{
-    ClubConfig, PersonalData, PersonalSimulation, PersonalSummary,
-};
+use federated::core::strategy::pfedclub::{ClientSummary, ClubConfig, PFedClub, PublicData};
 use federated::core::trainer::{LocalOptimizer, TrainConfig, make_batch};
-use federated::core::{Classifier, RoundMetrics};
+use federated::core::{Classifier, ClientModels, RoundMetrics, RunSummary, Simulation};
 use federated::data::source::synthetic;
-use federated::data::{Normalization, PartitionScheme, PersonalSplit};
+use federated::data::{FederatedDataset, Normalization, Partition, PartitionScheme, PersonalSplit};
 use federated::models::{ModelKind, ModelZoo, ZooModel};
 use rand::SeedableRng;
 
@@ -104,7 +102,8 @@ fn run(club: ClubConfig, seed: u64, threads: usize) -> (Vec<RoundMetrics>, Vec<O
         .iter()
         .map(RoundMetrics::without_timings)
         .collect();
-    (rounds, summary.clients.iter().map(|c| c.phi).collect())
+    let clients: Vec<ClientSummary> = serde_json::from_value(summary.clients.unwrap()).unwrap();
+    (rounds, clients.iter().map(|c| c.phi).collect())
 }
 
 fn simulate(
@@ -114,7 +113,7 @@ fn simulate(
     rounds: usize,
     out_dir: Option<std::path::PathBuf>,
     resume: bool,
-) -> PersonalSummary {
+) -> RunSummary {
     let shape = [1, 28, 28];
     let data = synthetic(640, shape, 10, 7);
     let split = PersonalSplit::new(
@@ -131,38 +130,64 @@ fn simulate(
     .unwrap();
     let kinds = ModelZoo::Iii.assign(5);
     let d = Device::flex().autodiff();
-    let make_model = |c: usize| ZooModel::new(kinds[c], shape, 10, &d).unwrap();
+    let build = |c: usize| ZooModel::new(kinds[c], shape, 10, &d).unwrap();
     let normalization = norm();
-    let sim = PersonalSimulation {
-        make_model: &make_model,
-        data: PersonalData {
-            data: &data,
-            normalization: &normalization,
-            split: &split,
+    let federated = FederatedDataset {
+        name: "synthetic".into(),
+        origin: "generated".into(),
+        train: data.clone(),
+        test: data.clone(),
+        normalization: normalization.clone(),
+        natural_clients: None,
+    };
+    let partition = Partition {
+        clients: split.train.clone(),
+    };
+    let config = EngineConfig {
+        sample: 3,
+        rounds,
+        eval_every: 1,
+        seed,
+        threads,
+        eval_batch_size: 64,
+        train: TrainConfig {
+            local_epochs: 1,
+            batch_size: 32,
+            lr: 1e-3,
+            optimizer: LocalOptimizer::Adam,
+            ..TrainConfig::default()
         },
-        config: EngineConfig {
-            sample: 3,
-            rounds,
-            eval_every: 1,
-            seed,
-            threads,
-            eval_batch_size: 64,
-            train: TrainConfig {
-                local_epochs: 1,
-                batch_size: 32,
-                lr: 1e-3,
-                optimizer: LocalOptimizer::Adam,
-                ..TrainConfig::default()
-            },
-        },
-        club: ClubConfig {
+    };
+    let mut strategy = PFedClub::new(
+        ClubConfig {
             cka_samples: 32,
             candidates: 2,
             ..club
         },
+        &build,
+        PublicData {
+            data: &data,
+            normalization: &normalization,
+            samples: &split.public,
+        },
+        5,
+        seed,
+        config.eval_batch_size,
+    )
+    .unwrap();
+    let sim = Simulation {
+        model: build(0),
+        data: &federated,
+        partition: &partition,
+        config,
         out_dir,
+        objective: None,
+        clients: Some(ClientModels {
+            build: &build,
+            tests: &split.test,
+        }),
     };
-    sim.run(resume, &mut |_| {}).unwrap()
+    sim.run(&mut strategy, resume, &mut |_| {}).unwrap()
 }
 
 #[test]
@@ -197,7 +222,7 @@ fn a_stopped_personalised_run_resumes_to_the_same_result() {
     let _turn = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
     let root = std::env::temp_dir().join(format!("fl-pfedclub-resume-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let strip = |s: PersonalSummary| -> Vec<RoundMetrics> {
+    let strip = |s: RunSummary| -> Vec<RoundMetrics> {
         s.rounds.iter().map(RoundMetrics::without_timings).collect()
     };
     let whole = strip(simulate(

@@ -17,6 +17,8 @@ use fl_data::{DatasetKind, PartitionScheme};
 use fl_models::ModelKind;
 use serde::{Deserialize, Serialize};
 
+use crate::personal::ClubSettings;
+
 /// Everything that defines a run; written to `config.toml` in the run directory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -142,6 +144,8 @@ pub struct RunConfig {
     pub gen_client_batch: usize,
     /// Output directory.
     pub out: Option<PathBuf>,
+    /// pFedClub and its variants: the `[pfedclub]` section (last: TOML tables follow values).
+    pub pfedclub: Option<ClubSettings>,
 }
 
 impl Default for RunConfig {
@@ -206,6 +210,7 @@ impl Default for RunConfig {
             gen_beta: None,
             gen_client_batch: 32,
             out: None,
+            pfedclub: None,
         }
     }
 }
@@ -857,6 +862,12 @@ mod tests {
                     cfg.partition_scheme().unwrap();
                 }
                 cfg.dataset_kind().unwrap();
+                if let Some(club) = &cfg.pfedclub {
+                    club.club.validate().unwrap();
+                    assert!(crate::personal::VARIANTS.contains(&cfg.algorithm.as_str()));
+                    count += 1;
+                    continue;
+                }
                 cfg.model_kind().unwrap();
                 match cfg.algorithm.as_str() {
                     "fedavg" | "fedindep" => {}

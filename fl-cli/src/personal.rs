@@ -1,18 +1,21 @@
-//! `fl pfedclub`: personalised FL over heterogeneous model zoos.
-
-use std::io::IsTerminal;
+//! `fl pfedclub`: personalised FL over heterogeneous model zoos, set up for the one engine
+//! (the run itself goes through [`crate::run`] like every other algorithm's).
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use fl_core::RoundMetrics;
 use fl_core::rng::{Purpose, derive_seed};
 use fl_core::strategy::pfedclub::cmsr::{Anchor, SearchRules};
-use fl_core::strategy::pfedclub::{ClubConfig, Method, PersonalData, PersonalSimulation};
-use fl_data::{PersonalSplit, load_dataset};
+use fl_core::strategy::pfedclub::{ClubConfig, Method, PFedClub, PublicData};
+use fl_core::{ClientModels, Simulation};
+use fl_data::{FederatedDataset, Partition, PersonalSplit};
 use fl_models::{ModelZoo, ZooModel};
 
 use crate::backend;
 use crate::config::{RunArgs, RunConfig};
+use crate::run::{prepare_out_dir, simulate, write_run_files};
+
+/// The algorithm names a personalised run's `config.toml` may carry (one per [`Variant`]).
+pub const VARIANTS: [&str; 4] = ["pfedclub", "pfedhr", "fedavg-per-arch", "local"];
 
 /// Which server algorithm `fl pfedclub` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
@@ -137,16 +140,47 @@ impl ClubArgs {
     }
 }
 
-/// Everything about a personalised run that is not in `config.toml` (saved as `setup.json`,
-/// read back by `--resume`).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-struct Setup {
-    variant: Variant,
-    zoo: ModelZoo,
-    club: ClubConfig,
-    public_fraction: f64,
-    test_fraction: f64,
-    max_samples: Option<usize>,
+/// pFedClub's settings in a run's `config.toml` (its `[pfedclub]` section): the server
+/// algorithm, the model zoo, the server's settings and the pooled split.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClubSettings {
+    /// The server algorithm.
+    pub variant: Variant,
+    /// The model zoo.
+    pub zoo: ModelZoo,
+    /// Fraction of all samples held by the server as public data.
+    pub public_fraction: f64,
+    /// Fraction of all samples that form the clients' test portions.
+    pub test_fraction: f64,
+    /// A random subset of this many pooled samples (quick studies).
+    pub max_samples: Option<usize>,
+    /// The server's settings.
+    pub club: ClubConfig,
+}
+
+impl ClubArgs {
+    /// The `[pfedclub]` section these flags describe.
+    fn settings(&self) -> ClubSettings {
+        ClubSettings {
+            variant: self.variant,
+            zoo: self.zoo,
+            public_fraction: self.public_fraction,
+            test_fraction: self.test_fraction,
+            max_samples: self.max_samples,
+            club: self.club(),
+        }
+    }
+}
+
+/// The algorithm name of a variant.
+fn variant_name(v: Variant) -> &'static str {
+    match v {
+        Variant::Pfedclub => VARIANTS[0],
+        Variant::Pfedhr => VARIANTS[1],
+        Variant::Fedavg => VARIANTS[2],
+        Variant::Local => VARIANTS[3],
+    }
 }
 
 /// The shared flags with pFedClub's defaults where the user gave none: 50 clients, 5 per round,
@@ -165,72 +199,61 @@ fn with_paper_defaults(args: &RunArgs) -> RunArgs {
     a
 }
 
-/// `fl pfedclub`: one run, or one per seed of `--seeds` (each into `OUT/sSEED`, so `fl plot`
-/// and `fl compare` summarise OUT as mean ± std).
+/// `fl pfedclub`: one run, or one per seed of `--seeds` (each into `OUT/sSEED`).
 pub fn pfedclub(args: &RunArgs, flags: &ClubArgs) -> anyhow::Result<()> {
-    let Some(seeds) = &args.seeds else {
-        return run_one(args, flags);
+    let name = variant_name(flags.variant);
+    let (cfg, resume) = if args.resume.is_some() {
+        crate::run::resolve(name, args)?
+    } else {
+        let mut cfg = RunConfig::resolve(name, &with_paper_defaults(args))?;
+        cfg.model = format!("zoo-{:?}", flags.zoo).to_lowercase();
+        cfg.pfedclub = Some(flags.settings());
+        if args.seeds.is_some() && cfg.out.is_none() {
+            cfg.out =
+                Some(std::path::Path::new("runs").join(
+                    format!("pfedclub-{:?}-zoo-{:?}", flags.variant, flags.zoo).to_lowercase(),
+                ));
+        }
+        (cfg, false)
     };
-    let base = match &args.out {
-        Some(out) => out.clone(),
-        None => std::path::Path::new("runs")
-            .join(format!("pfedclub-{:?}-zoo-{:?}", flags.variant, flags.zoo).to_lowercase()),
-    };
-    for &seed in seeds {
-        let one = RunArgs {
-            seed: Some(seed),
-            seeds: None,
-            out: Some(base.join(format!("s{seed}"))),
-            ..args.clone()
-        };
-        run_one(&one, flags)?;
-    }
-    Ok(())
+    crate::run::run(&cfg, resume, args, &no_strategy)
 }
 
-/// One personalised run (new, or continued with `--resume`).
-fn run_one(args: &RunArgs, flags: &ClubArgs) -> anyhow::Result<()> {
-    let read = |dir: &std::path::Path, name: &str| {
-        let path = dir.join(name);
-        std::fs::read_to_string(&path)
-            .with_context(|| format!("{} is not a pfedclub run directory", dir.display()))
-    };
-    let (cfg, setup) = if let Some(dir) = &args.resume {
-        let mut cfg: RunConfig = toml::from_str(&read(dir, "config.toml")?)
-            .with_context(|| format!("invalid {}", dir.join("config.toml").display()))?;
-        let setup: Setup = serde_json::from_str(&read(dir, "setup.json")?)
-            .with_context(|| format!("invalid {}", dir.join("setup.json").display()))?;
-        if let Some(rounds) = args.rounds {
-            cfg.rounds = rounds;
-        }
-        cfg.out = Some(dir.clone());
-        (cfg, setup)
-    } else {
-        let mut cfg = RunConfig::resolve("pfedclub", &with_paper_defaults(args))?;
-        cfg.algorithm = match flags.variant {
-            Variant::Pfedclub => "pfedclub",
-            Variant::Pfedhr => "pfedhr",
-            Variant::Fedavg => "fedavg-per-arch",
-            Variant::Local => "local",
-        }
-        .into();
-        cfg.model = format!("zoo-{:?}", flags.zoo).to_lowercase();
-        let setup = Setup {
-            variant: flags.variant,
-            zoo: flags.zoo,
-            club: flags.club(),
-            public_fraction: flags.public_fraction,
-            test_fraction: flags.test_fraction,
-            max_samples: flags.max_samples,
-        };
-        (cfg, setup)
-    };
-    let resume = args.resume.is_some();
-    let club = setup.club.clone();
-    club.validate().map_err(anyhow::Error::msg)?;
+/// `fl run FILE` for a personalised config (it must have a `[pfedclub]` section).
+pub fn from_file(algorithm: &str, args: &RunArgs) -> anyhow::Result<()> {
+    let (cfg, resume) = crate::run::resolve(algorithm, args)?;
+    if cfg.pfedclub.is_none() {
+        bail!(
+            "a '{}' config needs a [pfedclub] section (variant, zoo, fractions, server settings); see configs/pfedclub-zoo3-fmnist.toml",
+            cfg.algorithm
+        );
+    }
+    crate::run::run(&cfg, resume, args, &no_strategy)
+}
 
-    let data = load_dataset(cfg.dataset_kind()?, cfg.data_dir.as_deref())?;
-    // pFedClub splits all samples (training and test sets pooled) 72/20/8.
+/// Personalised strategies are built in [`run_one`], where the client models are known.
+fn no_strategy(
+    cfg: &RunConfig,
+    _: &FederatedDataset,
+    _: &Partition,
+) -> anyhow::Result<Box<dyn fl_core::Strategy>> {
+    bail!("{} is set up by its own client models", cfg.algorithm)
+}
+
+/// One personalised run on the engine (new, or continued with `resume`): pools the training
+/// and test sets, splits them among clients and the server's public set (pFedClub's 72/20/8),
+/// builds each client's zoo model and pFedClub's server.
+pub fn run_one(
+    cfg: &RunConfig,
+    data: &FederatedDataset,
+    resume: bool,
+    quiet: bool,
+) -> anyhow::Result<()> {
+    let setup = cfg
+        .pfedclub
+        .as_ref()
+        .context("a personalised run needs a [pfedclub] section")?;
+    setup.club.validate().map_err(anyhow::Error::msg)?;
     let mut pooled = data.train.concat(&data.test)?;
     if let Some(max) = setup.max_samples {
         if max < 2 {
@@ -262,85 +285,61 @@ fn run_one(args: &RunArgs, flags: &ClubArgs) -> anyhow::Result<()> {
         cfg.seed,
     )?;
     let kinds = setup.zoo.assign(cfg.clients);
-    let out = cfg.out_dir();
-    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    if !resume && out.join(fl_core::engine::files::METRICS).exists() {
-        bail!(
-            "{} already holds a run; continue it with --resume {} or choose another --out",
-            out.display(),
-            out.display()
-        );
-    }
+    // The engine trains on the clients' training portions and evaluates each client on its
+    // own test portion, both indices into the pooled samples.
+    let personal = FederatedDataset {
+        train: pooled.clone(),
+        test: pooled.clone(),
+        natural_clients: None,
+        ..data.clone()
+    };
+    let partition = Partition {
+        clients: split.train.clone(),
+    };
+    let out = prepare_out_dir(cfg, resume)?;
     if !resume {
-        let write = |name: &str, text: String| {
-            let path = out.join(name);
-            std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
-        };
-        write(
-            "config.toml",
-            toml::to_string(&cfg).context("serialising the config")?,
-        )?;
-        write(
-            "setup.json",
-            serde_json::to_string_pretty(&setup).expect("json"),
-        )?;
-        let manifest = serde_json::json!({
-            "fl_version": env!("CARGO_PKG_VERSION"),
-            "git_hash": option_env!("FL_GIT_HASH").unwrap_or("unknown"),
-            "backend": backend::name(),
-            "seed": cfg.seed,
-            "dataset": data.name,
-            "dataset_origin": data.origin,
-            "pooled_samples": pooled.len(),
-            "architectures": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
-            "command": std::env::args().collect::<Vec<_>>(),
-        });
-        write(
-            "manifest.json",
-            serde_json::to_string_pretty(&manifest).expect("json"),
-        )?;
-        write("split.json", serde_json::to_string(&split).expect("json"))?;
+        let mut extra = serde_json::Map::new();
+        extra.insert("pooled_samples".into(), pooled.len().into());
+        extra.insert(
+            "architectures".into(),
+            kinds.iter().map(|k| k.name()).collect::<Vec<_>>().into(),
+        );
+        write_run_files(cfg, &out, &personal, &partition, extra)?;
+        let path = out.join("split.json");
+        std::fs::write(&path, serde_json::to_string(&split).expect("json"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
 
-    let device = backend::device();
-    eprintln!("backend: {} ({:?})", backend::name(), device);
-    let ad = device.autodiff();
+    let ad = backend::device().autodiff();
     let (shape, classes) = (pooled.image_shape(), pooled.num_classes());
-    let make_model = |client: usize| {
+    let build = |client: usize| {
         ZooModel::new(kinds[client], shape, classes, &ad).expect("zoo architectures only")
     };
-    let mut engine = cfg.engine();
-    engine.train.optimizer = fl_core::trainer::LocalOptimizer::Adam;
-    let sim = PersonalSimulation {
-        make_model: &make_model,
-        data: PersonalData {
+    let mut strategy = PFedClub::new(
+        setup.club.clone(),
+        &build,
+        PublicData {
             data: &pooled,
             normalization: &data.normalization,
-            split: &split,
+            samples: &split.public,
         },
+        cfg.clients,
+        cfg.seed,
+        cfg.eval_batch_size,
+    )?;
+    let mut engine = cfg.engine();
+    engine.train.optimizer = fl_core::trainer::LocalOptimizer::Adam;
+    let sim = Simulation {
+        model: build(0),
+        data: &personal,
+        partition: &partition,
         config: engine,
-        club,
-        out_dir: Some(out.clone()),
+        out_dir: Some(out),
+        objective: None,
+        clients: Some(ClientModels {
+            build: &build,
+            tests: &split.test,
+        }),
     };
-    let quiet = args.quiet || !std::io::stdout().is_terminal();
-    let bar = crate::run::round_bar(cfg.rounds, quiet);
-    let mut on_round = |m: &RoundMetrics| {
-        bar.set_position(m.round as u64);
-        if let Some(acc) = m.test_acc {
-            bar.set_message(format!("mean client acc {:.2}%", 100.0 * acc));
-        }
-        tracing::info!(round = m.round, test_acc = ?m.test_acc, "round done");
-    };
-    let summary = sim.run(resume, &mut on_round)?;
-    bar.finish_and_clear();
-    if !quiet && let Some(last) = summary.rounds.iter().rev().find_map(|m| m.test_acc) {
-        println!(
-            "{}: mean client accuracy {:.2}% after {} rounds; results in {}",
-            cfg.algorithm,
-            100.0 * last,
-            cfg.rounds,
-            out.display()
-        );
-    }
-    Ok(())
+    simulate(&sim, cfg, resume, quiet, &mut strategy)
 }

@@ -1,7 +1,7 @@
 //! Running an algorithm from a resolved [`RunConfig`].
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use burn::tensor::Device;
@@ -16,13 +16,14 @@ use crate::backend;
 use crate::config::{BaselineArgs, FedCrossArgs, FedMrArgs, RunArgs, RunConfig};
 
 /// Loads the config for a new run or a resumed one.
-fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)> {
+pub fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)> {
     let Some(dir) = &args.resume else {
         return Ok((RunConfig::resolve(algorithm, args)?, false));
     };
     let mut cfg = RunConfig::from_file(&dir.join("config.toml"))
         .with_context(|| format!("{} is not a run directory", dir.display()))?;
-    if cfg.algorithm != algorithm {
+    let personal = |a: &str| crate::personal::VARIANTS.contains(&a);
+    if cfg.algorithm != algorithm && !(personal(&cfg.algorithm) && personal(algorithm)) {
         bail!(
             "{} is a '{}' run, not '{algorithm}'",
             dir.display(),
@@ -134,8 +135,11 @@ pub fn from_file(file: &Path, args: &RunArgs) -> anyhow::Result<()> {
         | "fedasam" | "clusamp" | "fedgen") => {
             baseline(baseline_name, &args, &BaselineArgs::default())
         }
+        personal if crate::personal::VARIANTS.contains(&personal) => {
+            crate::personal::from_file(personal, &args)
+        }
         other => bail!(
-            "{}: unknown algorithm '{other}' (known: fedavg, fedmr, fedcross, fedindep, fedprox, scaffold, fedavgm, fedexp, fedmut, moon, fedasam, clusamp, fedgen)",
+            "{}: unknown algorithm '{other}' (known: fedavg, fedmr, fedcross, fedindep, fedprox, scaffold, fedavgm, fedexp, fedmut, moon, fedasam, clusamp, fedgen, pfedclub, pfedhr, fedavg-per-arch, local)",
             file.display()
         ),
     }
@@ -166,7 +170,9 @@ pub fn run(
     Ok(())
 }
 
-/// Builds the model named in `cfg` and runs the strategy `make` builds.
+/// Builds the data, the model(s) and the strategy a configuration names, and runs them on
+/// the engine: global algorithms here, personalised ones (a `[pfedclub]` section) through
+/// [`crate::personal::prepare`].
 fn run_one(
     cfg: &RunConfig,
     resume: bool,
@@ -174,21 +180,50 @@ fn run_one(
     make: &MakeStrategy<'_>,
 ) -> anyhow::Result<()> {
     let quiet = quiet || !std::io::stdout().is_terminal();
+    // Settings are checked before any data is read.
+    let model_kind = match &cfg.pfedclub {
+        None => Some(cfg.model_kind()?),
+        Some(_) => None,
+    };
     let kind = cfg.dataset_kind()?;
-    let model_kind = cfg.model_kind()?;
     let data = load_dataset(kind, cfg.data_dir.as_deref())?;
     if data.origin == "embedded" {
         eprintln!(
             "note: using the embedded Fashion-MNIST copy (10k test images split 8,000/2,000); install dataset-fashion-mnist or pass --data-dir for the full set"
         );
     }
+    let Some(model_kind) = model_kind else {
+        return crate::personal::run_one(cfg, &data, resume, quiet);
+    };
     let partition = build_partition(cfg, &data)?;
     let mut cfg = cfg.clone();
     cfg.settle_clients(partition.num_clients())?;
     let cfg = &cfg;
     let mut strategy = make(cfg, &data, &partition)?;
-    let device = backend::device();
-    eprintln!("backend: {} ({:?})", backend::name(), device);
+    let out = prepare_out_dir(cfg, resume)?;
+    if !resume {
+        write_run_files(cfg, &out, &data, &partition, serde_json::Map::new())?;
+    }
+    let ad = backend::device().autodiff();
+    ad.seed(derive_seed(cfg.seed, Purpose::Init, 0, 0));
+    let (shape, classes) = (data.train.image_shape(), data.train.num_classes());
+    with_model!(model_kind, shape, classes, &ad, |model| {
+        let sim = Simulation {
+            model,
+            data: &data,
+            partition: &partition,
+            config: cfg.engine(),
+            out_dir: Some(out.clone()),
+            objective: None,
+            clients: None,
+        };
+        simulate(&sim, cfg, resume, quiet, strategy.as_mut())
+    })
+}
+
+/// Creates the run directory, refusing one that already holds a run unless resuming, and says
+/// which backend runs.
+pub fn prepare_out_dir(cfg: &RunConfig, resume: bool) -> anyhow::Result<PathBuf> {
     let out = cfg.out_dir();
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     if !resume && out.join(fl_core::engine::files::CHECKPOINT).exists() {
@@ -198,46 +233,29 @@ fn run_one(
             out.display()
         );
     }
-    if !resume {
-        write_run_files(cfg, &out, &data, &partition)?;
-    }
-    let ad = device.clone().autodiff();
-    ad.seed(derive_seed(cfg.seed, Purpose::Init, 0, 0));
-    let (shape, classes) = (data.train.image_shape(), data.train.num_classes());
-    with_model!(model_kind, shape, classes, &ad, |model| simulate(
-        model,
-        cfg,
-        &data,
-        &partition,
-        resume,
-        quiet,
-        strategy.as_mut()
-    ))
+    eprintln!("backend: {} ({:?})", backend::name(), backend::device());
+    Ok(out)
 }
 
-fn simulate<M: Classifier>(
-    model: M,
+/// Runs a prepared simulation with a progress bar, `log.txt` and a closing line.
+pub fn simulate<M: Classifier>(
+    sim: &Simulation<'_, M>,
     cfg: &RunConfig,
-    data: &FederatedDataset,
-    partition: &Partition,
     resume: bool,
     quiet: bool,
     strategy: &mut dyn Strategy,
 ) -> anyhow::Result<()> {
     let out = cfg.out_dir();
-    let sim = Simulation {
-        model,
-        data,
-        partition,
-        config: cfg.engine(),
-        out_dir: Some(out.clone()),
-        objective: None,
-    };
     let bar = round_bar(cfg.rounds, quiet);
+    let what = if sim.clients.is_some() {
+        "mean client acc"
+    } else {
+        "test acc"
+    };
     let mut on_round = |m: &RoundMetrics| {
         bar.set_position(m.round as u64);
         if let Some(acc) = m.test_acc {
-            bar.set_message(format!("test acc {:.2}%", 100.0 * acc));
+            bar.set_message(format!("{what} {:.2}%", 100.0 * acc));
         }
         tracing::info!(round = m.round, test_acc = ?m.test_acc, train_loss = m.train_loss, "round done");
     };
@@ -245,7 +263,7 @@ fn simulate<M: Classifier>(
         .with_context(|| format!("cannot write {}", out.join(crate::log::LOG_FILE).display()))?;
     tracing::info!(
         algorithm = %cfg.algorithm,
-        dataset = %data.name,
+        dataset = %sim.data.name,
         model = %cfg.model,
         seed = cfg.seed,
         rounds = cfg.rounds,
@@ -268,9 +286,14 @@ fn simulate<M: Classifier>(
             .filter_map(|m| m.test_acc)
             .fold(0.0f64, f64::max);
         if let Some(last) = summary.rounds.iter().rev().find_map(|m| m.test_acc) {
+            let what = if sim.clients.is_some() {
+                "mean client accuracy"
+            } else {
+                "test accuracy"
+            };
             println!(
-                "{}: final test accuracy {:.2}%, best {:.2}% after {} rounds; results in {}",
-                strategy.name(),
+                "{}: final {what} {:.2}%, best {:.2}% after {} rounds; results in {}",
+                cfg.algorithm,
                 100.0 * last,
                 100.0 * best,
                 cfg.rounds,
@@ -382,11 +405,13 @@ fn natural_partition(data: &FederatedDataset, clients: usize) -> anyhow::Result<
     Ok(partition)
 }
 
-fn write_run_files(
+/// Writes `config.toml`, `manifest.json` (with `extra` fields) and `partition.json`.
+pub fn write_run_files(
     cfg: &RunConfig,
     out: &Path,
     data: &FederatedDataset,
     partition: &Partition,
+    extra: serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<()> {
     let write = |name: &str, text: String| {
         let path = out.join(name);
@@ -396,7 +421,7 @@ fn write_run_files(
         "config.toml",
         toml::to_string(cfg).context("serialising the config")?,
     )?;
-    let manifest = serde_json::json!({
+    let mut manifest = serde_json::json!({
         "fl_version": env!("CARGO_PKG_VERSION"),
         "git_hash": option_env!("FL_GIT_HASH").unwrap_or("unknown"),
         "backend": backend::name(),
@@ -408,6 +433,7 @@ fn write_run_files(
         "test_samples": data.test.len(),
         "command": std::env::args().collect::<Vec<_>>(),
     });
+    manifest.as_object_mut().expect("an object").extend(extra);
     write(
         "manifest.json",
         serde_json::to_string_pretty(&manifest).expect("json"),

@@ -1078,6 +1078,21 @@ fn pfedclub_variants_run_on_fashion_mnist_and_bad_flags_are_errors() {
     }
     let manifest = std::fs::read_to_string(club.join("manifest.json")).unwrap();
     assert!(manifest.contains("\"cnn4\""), "{manifest}");
+    let log = std::fs::read_to_string(club.join("log.txt")).unwrap();
+    assert!(
+        log.contains("run started") && log.contains("run finished"),
+        "{log}"
+    );
+    // `fl run` takes a pFedClub run's config.toml back and reproduces the run.
+    let again = dir.path().join("again");
+    run_ok(&[
+        "run".to_string(),
+        club.join("config.toml").display().to_string(),
+        "--quiet".into(),
+        "--out".into(),
+        again.display().to_string(),
+    ]);
+    assert_eq!(metrics(&again), rounds);
     // Continue the run for one more round from its checkpoint and setup.
     let o = fl(&[
         "pfedclub",

@@ -1,8 +1,10 @@
 //! The simulation loop shared by every strategy.
 //!
-//! Each round: sample clients (without replacement) → [`Strategy::dispatch`] → local training of
-//! the sampled clients in parallel → [`Strategy::aggregate`] → evaluation of
-//! [`Strategy::global_model`] → one line of `metrics.jsonl` and a checkpoint.
+//! One loop for every algorithm, global or personalised. Each round: [`Strategy::configure_round`]
+//! (who trains, from which model, with which objective) → local training of the planned clients
+//! in parallel → [`Strategy::aggregate`] → [`Strategy::evaluate`] (the global model on the test
+//! set, or each client's own model on its own test portion) → one line of `metrics.jsonl` and a
+//! checkpoint.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,8 +17,10 @@ use crate::checkpoint::{self, CheckpointError};
 use crate::layers::{LayerError, ParamTable};
 use crate::model::Classifier;
 use crate::rng::{Purpose, rng_for};
-use crate::strategy::{Strategy, StrategyError};
-use crate::trainer::{LocalObjective, LocalTask, TrainConfig, TrainError, evaluate, train_local};
+use crate::strategy::{Evaluator, RoundContext, Strategy, StrategyError};
+use crate::trainer::{
+    LocalObjective, LocalTask, TrainConfig, TrainError, evaluate, evaluate_on, train_local,
+};
 
 /// File names inside a run directory.
 pub mod files {
@@ -26,6 +30,8 @@ pub mod files {
     pub const CHECKPOINT: &str = "checkpoint.safetensors";
     /// The final global model as a Burn record (burnpack).
     pub const MODEL: &str = "model.bpk";
+    /// Per-client results of personalised runs.
+    pub const CLIENTS: &str = "clients.json";
 }
 
 /// Settings of the simulation loop.
@@ -130,13 +136,28 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
 pub struct RunSummary {
     /// Every round's metrics (including rounds restored from a checkpoint's metrics file).
     pub rounds: Vec<RoundMetrics>,
-    /// The final global model.
-    pub global: ParamTable,
+    /// The final global model (`None` for personalised strategies).
+    pub global: Option<ParamTable>,
+    /// Per-client results of personalised strategies (also written as `clients.json`).
+    pub clients: Option<serde_json::Value>,
 }
 
-/// One simulation: a model, data split among clients, and the loop settings.
+/// Clients that own models of their own (personalised / heterogeneous FL): how each client's
+/// model is built and where its own test portion is.
+#[derive(Clone, Copy)]
+pub struct ClientModels<'a, M> {
+    /// Builds client `c`'s model on the autodiff device (architectures may differ per client;
+    /// the weights are replaced by the strategy's tables).
+    pub build: &'a (dyn Fn(usize) -> M + Sync),
+    /// Each client's test portion: indices into the simulation's test set.
+    pub tests: &'a [Vec<usize>],
+}
+
+/// One simulation: a model, data split among clients, and the loop settings. The same loop
+/// runs every [`Strategy`], global or personalised.
 pub struct Simulation<'a, M: Classifier> {
-    /// The initial model, on an autodiff device (clients train copies of it).
+    /// The initial model, on an autodiff device (clients train copies of it). With
+    /// [`clients`](Self::clients) it only gives the device and the global layout.
     pub model: M,
     /// Training set (split by `partition`) and test set.
     pub data: &'a FederatedDataset,
@@ -148,6 +169,66 @@ pub struct Simulation<'a, M: Classifier> {
     pub out_dir: Option<PathBuf>,
     /// Extra local loss term (FedProx, ...).
     pub objective: Option<&'a dyn LocalObjective>,
+    /// Per-client models and test portions (personalised FL); `None`: every client trains
+    /// `model`'s architecture.
+    pub clients: Option<ClientModels<'a, M>>,
+}
+
+/// What the engine offers [`Strategy::evaluate`]: the test set, the clients' own test portions
+/// and the thread pool.
+struct EngineEvaluator<'s, 'a, M: Classifier> {
+    sim: &'s Simulation<'a, M>,
+    eval_model: &'s M,
+    pool: &'s rayon::ThreadPool,
+}
+
+impl<M: Classifier> Evaluator for EngineEvaluator<'_, '_, M> {
+    fn test_set(&self, table: &ParamTable) -> Result<(f64, f64), StrategyError> {
+        let model = table.load_into(self.eval_model.clone())?;
+        let (test, norm, batch) = (
+            &self.sim.data.test,
+            &self.sim.data.normalization,
+            self.sim.config.eval_batch_size,
+        );
+        Ok(self
+            .pool
+            .install(move || evaluate(&model, test, norm, batch)))
+    }
+
+    fn client_tests(
+        &self,
+        models: &[(usize, ParamTable)],
+    ) -> Result<Vec<(f64, f64)>, StrategyError> {
+        let sim = self.sim;
+        let n = sim.partition.num_clients();
+        let tests = sim.clients.as_ref().map(|c| c.tests);
+        self.pool.install(|| {
+            models
+                .iter()
+                .map(|(client, table)| {
+                    let model = match &sim.clients {
+                        Some(c) => table.load_into((c.build)(*client))?,
+                        None => table.load_into(self.eval_model.clone())?,
+                    };
+                    let indices = match tests {
+                        Some(t) if *client < t.len() => &t[*client],
+                        _ => {
+                            return Err(StrategyError::Config(format!(
+                                "client {client} of {n} has no test portion (per-client evaluation needs one per client)"
+                            )));
+                        }
+                    };
+                    Ok(evaluate_on(
+                        &model,
+                        &sim.data.test,
+                        &sim.data.normalization,
+                        indices,
+                        sim.config.eval_batch_size,
+                    ))
+                })
+                .collect()
+        })
+    }
 }
 
 impl<M: Classifier> Simulation<'_, M> {
@@ -172,6 +253,14 @@ impl<M: Classifier> Simulation<'_, M> {
             return bad("threads must be at least 1".into());
         }
         c.train.validate().map_err(EngineError::Config)?;
+        if let Some(clients) = &self.clients
+            && clients.tests.len() != n
+        {
+            return bad(format!(
+                "{} client test portions for {n} clients",
+                clients.tests.len()
+            ));
+        }
         self.partition
             .validate(self.data.train.len())
             .map_err(|e| EngineError::Config(e.to_string()))
@@ -189,6 +278,10 @@ impl<M: Classifier> Simulation<'_, M> {
 
     /// Runs (or, with `resume`, continues from the checkpoint in `out_dir`) the simulation.
     /// `on_round` sees every round's metrics as soon as they are written.
+    ///
+    /// Each round: [`Strategy::configure_round`] → local training of the planned clients in
+    /// parallel → [`Strategy::aggregate`] → [`Strategy::evaluate`] (every `eval_every` rounds
+    /// and after the last) → one line of `metrics.jsonl` and a checkpoint.
     pub fn run(
         &self,
         strategy: &mut dyn Strategy,
@@ -199,7 +292,7 @@ impl<M: Classifier> Simulation<'_, M> {
         let cfg = &self.config;
         let initial = self.initial_table()?;
         let device = initial.device();
-        strategy.init(initial.clone(), cfg.sample);
+        strategy.init(initial.clone(), cfg.sample)?;
 
         let mut history = Vec::new();
         let mut start_round = 1;
@@ -207,7 +300,14 @@ impl<M: Classifier> Simulation<'_, M> {
             std::fs::create_dir_all(dir).map_err(io_err(dir))?;
             let ckpt = dir.join(files::CHECKPOINT);
             if resume && ckpt.exists() {
-                let restored = checkpoint::load(&ckpt, &initial, &device)?;
+                let layout = |slot: usize, extra: &serde_json::Value| match strategy
+                    .checkpoint_layout(slot, extra)
+                {
+                    Ok(Some(table)) => Ok(table),
+                    Ok(None) => Ok(initial.clone()),
+                    Err(e) => Err(e.to_string()),
+                };
+                let restored = checkpoint::load_with(&ckpt, &device, &layout)?;
                 if restored.strategy != strategy.name() {
                     return Err(EngineError::Config(format!(
                         "checkpoint is from strategy '{}', not '{}'",
@@ -230,47 +330,48 @@ impl<M: Classifier> Simulation<'_, M> {
         let num_clients = self.partition.num_clients();
         let client_sizes: Vec<usize> = self.partition.clients.iter().map(Vec::len).collect();
         let eval_model = self.model.valid();
+        let evaluator = EngineEvaluator {
+            sim: self,
+            eval_model: &eval_model,
+            pool: &pool,
+        };
 
         for round in start_round..=cfg.rounds {
             let mut rng = rng_for(cfg.seed, Purpose::Sampling, round as u64, 0);
-            let clients = match strategy.select_clients(round, &client_sizes, cfg.sample, &mut rng)
-            {
-                Some(chosen) => check_selection(strategy.name(), chosen, num_clients)?,
-                None => rand::seq::index::sample(&mut rng, num_clients, cfg.sample).into_vec(),
+            let mut ctx = RoundContext {
+                client_sizes: &client_sizes,
+                sample: cfg.sample,
+                train: &cfg.train,
+                rng: &mut rng,
             };
-            let train_cfg = strategy.local_training(&cfg.train);
-            train_cfg.validate().map_err(EngineError::Config)?;
-            let starts = strategy.dispatch(round, &clients)?;
-            let bytes_down = starts.iter().map(ParamTable::byte_size).sum();
-
-            let objectives = strategy.objectives(round, &clients)?;
-            if objectives.len() != clients.len() {
-                return Err(EngineError::Config(format!(
-                    "{} gave {} local objectives for {} clients",
-                    strategy.name(),
-                    objectives.len(),
-                    clients.len()
-                )));
-            }
+            let plan = strategy.configure_round(round, &mut ctx)?;
+            let clients = check_selection(strategy.name(), plan.client_ids(), num_clients)?;
+            plan.train.validate().map_err(EngineError::Config)?;
+            let bytes_down = plan.clients.iter().map(|c| c.bytes_down).sum();
 
             let timer = Instant::now();
-            let tasks: Vec<LocalTask<'_, M>> = clients
-                .iter()
-                .zip(starts)
+            let objectives: Vec<_> = plan.clients.iter().map(|c| c.objective.clone()).collect();
+            let tasks: Vec<LocalTask<'_, M>> = plan
+                .clients
+                .into_iter()
                 .zip(&objectives)
-                .map(|((&client, start), objective)| LocalTask {
-                    template: self.model.clone(),
-                    start,
+                .map(|(c, objective)| LocalTask {
+                    template: match &self.clients {
+                        Some(models) => (models.build)(c.client),
+                        None => self.model.clone(),
+                    },
+                    start: c.start,
                     data: &self.data.train,
                     norm: &self.data.normalization,
-                    indices: &self.partition.clients[client],
-                    client,
+                    indices: &self.partition.clients[c.client],
+                    client: c.client,
                     round,
                     seed: cfg.seed,
                     // The strategy's own term (FedProx, SCAFFOLD) wins over the simulation's.
                     objective: objective.as_deref().or(self.objective),
                 })
                 .collect();
+            let train_cfg = plan.train;
             let updates = pool.install(|| {
                 tasks
                     .into_par_iter()
@@ -288,19 +389,14 @@ impl<M: Classifier> Simulation<'_, M> {
 
             let timer = Instant::now();
             let mut server_rng = rng_for(cfg.seed, Purpose::Server, round as u64, 0);
-            let extra = strategy.aggregate(round, updates, &mut server_rng)?;
+            let mut extra = pool.install(|| strategy.aggregate(round, updates, &mut server_rng))?;
             let aggregate_seconds = timer.elapsed().as_secs_f64();
 
             let timer = Instant::now();
             let (test_acc, test_loss) = if round % cfg.eval_every == 0 || round == cfg.rounds {
-                let global = strategy.global_model()?.load_into(eval_model.clone())?;
-                let (test, norm, batch) = (
-                    &self.data.test,
-                    &self.data.normalization,
-                    cfg.eval_batch_size,
-                );
-                let (acc, loss) = pool.install(move || evaluate(&global, test, norm, batch));
-                (Some(acc), Some(loss))
+                let evaluation = strategy.evaluate(round, &evaluator)?;
+                extra.extend(evaluation.extra);
+                (Some(evaluation.acc), Some(evaluation.loss))
             } else {
                 (None, None)
             };
@@ -330,16 +426,29 @@ impl<M: Classifier> Simulation<'_, M> {
             history.push(metrics);
         }
 
-        let global = strategy.global_model()?;
+        let global = match strategy.global_model() {
+            Ok(global) => Some(global),
+            Err(StrategyError::NoGlobalModel(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let clients = strategy.client_summary();
         if let Some(dir) = &self.out_dir {
-            let model = global.load_into(eval_model)?;
-            model
-                .save_file(dir.join(files::MODEL))
-                .map_err(|e| EngineError::Record(format!("{e:?}")))?;
+            if let Some(global) = &global {
+                let model = global.load_into(eval_model)?;
+                model
+                    .save_file(dir.join(files::MODEL))
+                    .map_err(|e| EngineError::Record(format!("{e:?}")))?;
+            }
+            if let Some(summary) = &clients {
+                let path = dir.join(files::CLIENTS);
+                let json = serde_json::to_string_pretty(summary).expect("summaries serialise");
+                std::fs::write(&path, json).map_err(io_err(&path))?;
+            }
         }
         Ok(RunSummary {
             rounds: history,
             global,
+            clients,
         })
     }
 }

@@ -4,8 +4,10 @@
 //! - [`layers`]: a model as an ordered table of named device tensors grouped into layers and
 //!   blocks; average, α-mix, similarity, recombination.
 //! - [`trainer`]: local SGD on one client, evaluation.
-//! - [`strategy`]: the [`Strategy`] trait and one file per algorithm ([`FedAvg`], ...).
-//! - [`engine`]: the round loop, parallel clients, metrics, checkpoints.
+//! - [`strategy`]: the [`Strategy`] trait (configure a round, aggregate, evaluate) and one file
+//!   per algorithm ([`FedAvg`], ..., pFedClub).
+//! - [`engine`]: the one round loop for global and personalised FL: parallel clients, metrics,
+//!   checkpoints.
 //! - [`landscape`]: loss surfaces along filter-normalised random directions.
 //! - [`secure`]: FedMR's encrypted client-to-client layer exchange.
 //! - [`rng`]: seeded randomness independent of thread scheduling.
@@ -23,8 +25,8 @@ pub mod trainer;
 #[cfg(test)]
 pub(crate) mod test_model;
 
-pub use engine::{EngineConfig, EngineError, RoundMetrics, RunSummary, Simulation};
+pub use engine::{ClientModels, EngineConfig, EngineError, RoundMetrics, RunSummary, Simulation};
 pub use layers::{BlockSpec, Granularity, ParamTable};
 pub use model::{BlockForward, Classifier, Features};
-pub use strategy::{FedAvg, Strategy};
+pub use strategy::{Evaluation, Evaluator, FedAvg, RoundContext, RoundPlan, Strategy};
 pub use trainer::{LocalObjective, TrainConfig};

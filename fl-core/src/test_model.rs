@@ -6,7 +6,7 @@ use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
-use crate::layers::BlockSpec;
+use crate::layers::{BlockSpec, ParamTable};
 use crate::model::Classifier;
 
 #[derive(Module, Debug)]
@@ -77,7 +77,7 @@ pub fn tiny(seed: u64) -> TinyNet {
     use rand::{Rng, SeedableRng};
     let d = device();
     let model = TinyNet::new(&d);
-    let table = crate::layers::ParamTable::from_module(&model);
+    let table = ParamTable::from_module(&model);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let host: Vec<Vec<f32>> = table
         .named_host()
@@ -104,7 +104,7 @@ pub fn tiny(seed: u64) -> TinyNet {
 
 /// `tiny(seed)` on the autodiff device, ready to train.
 pub fn tracked(seed: u64) -> TinyNet {
-    crate::layers::ParamTable::from_module(&tiny(seed))
+    ParamTable::from_module(&tiny(seed))
         .load_into(TinyNet::new(&device().autodiff()))
         .expect("same model")
 }
@@ -113,7 +113,7 @@ pub fn tracked(seed: u64) -> TinyNet {
 pub fn upload(seed: u64, num_samples: usize) -> crate::trainer::LocalUpdate {
     crate::trainer::LocalUpdate {
         client: seed as usize,
-        table: crate::layers::ParamTable::from_module(&tiny(seed)),
+        table: ParamTable::from_module(&tiny(seed)),
         num_samples,
         train_loss: 0.0,
         steps: 10,
@@ -128,4 +128,30 @@ pub fn flat(t: &crate::layers::ParamTable) -> Vec<f32> {
 /// Element-wise closeness.
 pub fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol)
+}
+
+/// A strategy's plan for a round over `clients` clients (10 samples each) sampling `sample`,
+/// with a fixed sampling generator.
+pub fn plan(
+    s: &mut dyn crate::Strategy,
+    round: usize,
+    clients: usize,
+    sample: usize,
+) -> Result<crate::RoundPlan, crate::strategy::StrategyError> {
+    use rand::SeedableRng;
+    let sizes = vec![10; clients];
+    let train = crate::TrainConfig::default();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(round as u64);
+    let mut ctx = crate::RoundContext {
+        client_sizes: &sizes,
+        sample,
+        train: &train,
+        rng: &mut rng,
+    };
+    s.configure_round(round, &mut ctx)
+}
+
+/// The start models of a plan.
+pub fn starts(plan: &crate::RoundPlan) -> Vec<ParamTable> {
+    plan.clients.iter().map(|c| c.start.clone()).collect()
 }

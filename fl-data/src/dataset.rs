@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use crate::DataError;
 
 /// Per-channel normalisation applied when a batch is turned into `f32`:
@@ -12,11 +14,12 @@ pub struct Normalization {
 
 /// A labelled image dataset held once in memory as `u8` pixels (N×C×H×W, row-major).
 ///
-/// Clients refer to samples by index; nothing is copied per client.
+/// Clients refer to samples by index; nothing is copied per client, and clones share the
+/// samples.
 #[derive(Debug, Clone)]
 pub struct Dataset {
-    images: Vec<u8>,
-    labels: Vec<u16>,
+    images: Arc<Vec<u8>>,
+    labels: Arc<Vec<u16>>,
     channels: usize,
     height: usize,
     width: usize,
@@ -71,8 +74,8 @@ impl Dataset {
             ));
         }
         Ok(Self {
-            images,
-            labels,
+            images: Arc::new(images),
+            labels: Arc::new(labels),
             channels,
             height,
             width,
@@ -147,8 +150,8 @@ impl Dataset {
             ));
         }
         let mut pooled = self.clone();
-        pooled.images.extend_from_slice(&other.images);
-        pooled.labels.extend_from_slice(&other.labels);
+        Arc::make_mut(&mut pooled.images).extend_from_slice(&other.images);
+        Arc::make_mut(&mut pooled.labels).extend_from_slice(&other.labels);
         Ok(pooled)
     }
 
@@ -161,8 +164,8 @@ impl Dataset {
             labels.push(self.labels[i]);
         }
         Self {
-            images,
-            labels,
+            images: Arc::new(images),
+            labels: Arc::new(labels),
             ..*self
         }
     }

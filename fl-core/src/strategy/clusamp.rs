@@ -28,7 +28,9 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use super::{ClientTables, FedAvg, Strategy, StrategyError, StrategyState};
+use super::{
+    ClientTables, FedAvg, RoundContext, RoundPlan, Strategy, StrategyError, StrategyState,
+};
 use crate::layers::{LayerError, ParamKind, ParamTable};
 use crate::trainer::LocalUpdate;
 
@@ -362,22 +364,10 @@ fn trainable_host(table: &ParamTable) -> Result<Vec<f32>, LayerError> {
         .collect())
 }
 
-impl Strategy for Clusamp {
-    fn name(&self) -> &'static str {
-        "clusamp"
-    }
-
-    fn init(&mut self, initial: ParamTable, sample: usize) {
-        self.avg.init(initial, sample);
-        self.updates.clear();
-        self.flat.clear();
-        self.distances.clear();
-        self.stale.clear();
-    }
-
-    fn select_clients(
+impl Clusamp {
+    /// One client per cluster-based distribution (`None` if a distribution were empty).
+    fn select(
         &mut self,
-        _round: usize,
         client_sizes: &[usize],
         sample: usize,
         rng: &mut ChaCha8Rng,
@@ -398,13 +388,34 @@ impl Strategy for Clusamp {
         }
         chosen
     }
+}
 
-    fn dispatch(
+impl Strategy for Clusamp {
+    fn name(&self) -> &'static str {
+        "clusamp"
+    }
+
+    fn init(&mut self, initial: ParamTable, sample: usize) -> Result<(), StrategyError> {
+        self.avg.init(initial, sample)?;
+        self.updates.clear();
+        self.flat.clear();
+        self.distances.clear();
+        self.stale.clear();
+        Ok(())
+    }
+
+    fn configure_round(
         &mut self,
-        round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError> {
-        self.avg.dispatch(round, clients)
+        _round: usize,
+        ctx: &mut RoundContext<'_>,
+    ) -> Result<RoundPlan, StrategyError> {
+        let clients = match self.select(ctx.client_sizes, ctx.sample, ctx.rng) {
+            Some(chosen) => chosen,
+            None => ctx.sample_uniform(),
+        };
+        let global = self.avg.global_model()?;
+        let starts = vec![global; clients.len()];
+        Ok(RoundPlan::new(ctx.train, &clients, starts))
     }
 
     fn aggregate(
@@ -554,7 +565,8 @@ mod tests {
     #[test]
     fn similar_clients_are_not_sampled_together() {
         let mut s = Clusamp::new(ClusampConfig::default());
-        s.init(ParamTable::from_module(&crate::test_model::tiny(1)), 2);
+        s.init(ParamTable::from_module(&crate::test_model::tiny(1)), 2)
+            .unwrap();
         let n = 8;
         for c in 0..n {
             let sign = if c < n / 2 { 1.0 } else { -1.0 };
@@ -564,7 +576,7 @@ mod tests {
         let sizes = vec![10; n];
         for seed in 0..20 {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let chosen = s.select_clients(1, &sizes, 2, &mut rng).unwrap();
+            let chosen = s.select(&sizes, 2, &mut rng).unwrap();
             let groups: Vec<bool> = chosen.iter().map(|&c| c < n / 2).collect();
             assert_ne!(groups[0], groups[1], "seed {seed}: {chosen:?}");
         }

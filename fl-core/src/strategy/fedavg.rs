@@ -3,7 +3,7 @@
 
 use rand_chacha::ChaCha8Rng;
 
-use super::{Strategy, StrategyError, StrategyState};
+use super::{RoundContext, RoundPlan, Strategy, StrategyError, StrategyState};
 use crate::layers::ParamTable;
 use crate::trainer::LocalUpdate;
 
@@ -48,16 +48,17 @@ impl Strategy for FedAvg {
         "fedavg"
     }
 
-    fn init(&mut self, initial: ParamTable, _sample: usize) {
+    fn init(&mut self, initial: ParamTable, _sample: usize) -> Result<(), StrategyError> {
         self.global = Some(initial);
+        Ok(())
     }
 
-    fn dispatch(
+    fn configure_round(
         &mut self,
         _round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError> {
-        super::broadcast(self.global.as_ref(), clients)
+        ctx: &mut RoundContext<'_>,
+    ) -> Result<RoundPlan, StrategyError> {
+        super::broadcast(self.global.as_ref(), ctx)
     }
 
     fn aggregate(
@@ -93,7 +94,7 @@ impl Strategy for FedAvg {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_model::{flat as host, upload as update};
+    use crate::test_model::{flat as host, plan, starts, upload as update};
     use rand::SeedableRng;
 
     fn blend(a: &[f32], b: &[f32], wa: f32) -> Vec<f32> {
@@ -112,15 +113,15 @@ mod tests {
         let ups = vec![update(1, 10), update(2, 30)];
         let (a, b) = (host(&ups[0].table), host(&ups[1].table));
         for (mut s, wa) in [(FedAvg::weighted(), 0.25), (FedAvg::unweighted(), 0.5)] {
-            s.init(update(0, 1).table, 2);
-            let sent = s.dispatch(1, &[4, 7]).unwrap();
+            s.init(update(0, 1).table, 2).unwrap();
+            let sent = starts(&plan(&mut s, 1, 10, 2).unwrap());
             assert_eq!(sent.len(), 2);
             s.aggregate(1, ups.clone(), &mut ChaCha8Rng::seed_from_u64(0))
                 .unwrap();
             let global = host(&s.global_model().unwrap());
             assert!(close(&global, &blend(&a, &b, wa)), "weight {wa}");
             // The next round dispatches the new global model to every client.
-            let next = s.dispatch(2, &[1, 2, 3]).unwrap();
+            let next = starts(&plan(&mut s, 2, 10, 3).unwrap());
             assert!(next.iter().all(|t| host(t) == global));
         }
     }
@@ -128,7 +129,7 @@ mod tests {
     #[test]
     fn state_restores_the_global_model() {
         let mut s = FedAvg::weighted();
-        s.init(update(0, 1).table, 2);
+        s.init(update(0, 1).table, 2).unwrap();
         s.aggregate(
             1,
             vec![update(1, 5), update(2, 5)],
@@ -136,7 +137,7 @@ mod tests {
         )
         .unwrap();
         let mut t = FedAvg::weighted();
-        t.init(update(0, 1).table, 2);
+        t.init(update(0, 1).table, 2).unwrap();
         t.restore(s.state()).unwrap();
         assert_eq!(
             host(&t.global_model().unwrap()),

@@ -4,7 +4,7 @@
 
 use rand_chacha::ChaCha8Rng;
 
-use super::{FedAvg, Strategy, StrategyError, StrategyState};
+use super::{FedAvg, RoundContext, RoundPlan, Strategy, StrategyError, StrategyState};
 use crate::layers::ParamTable;
 use crate::trainer::LocalUpdate;
 
@@ -39,17 +39,18 @@ impl Strategy for FedAvgM {
         "fedavgm"
     }
 
-    fn init(&mut self, initial: ParamTable, _sample: usize) {
+    fn init(&mut self, initial: ParamTable, _sample: usize) -> Result<(), StrategyError> {
         self.velocity = Some(initial.zeros_like());
         self.global = Some(initial);
+        Ok(())
     }
 
-    fn dispatch(
+    fn configure_round(
         &mut self,
         _round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError> {
-        super::broadcast(self.global.as_ref(), clients)
+        ctx: &mut RoundContext<'_>,
+    ) -> Result<RoundPlan, StrategyError> {
+        super::broadcast(self.global.as_ref(), ctx)
     }
 
     fn aggregate(
@@ -103,7 +104,6 @@ mod tests {
     use rand::SeedableRng;
 
     fn round(s: &mut impl Strategy, r: usize, seeds: [u64; 2]) -> Vec<f32> {
-        s.dispatch(r, &[0, 1]).unwrap();
         let ups = vec![upload(seeds[0], 10), upload(seeds[1], 30)];
         s.aggregate(r, ups, &mut ChaCha8Rng::seed_from_u64(0))
             .unwrap();
@@ -113,8 +113,8 @@ mod tests {
     #[test]
     fn without_momentum_it_is_fedavg() {
         let (mut m, mut a) = (FedAvgM::new(0.0, 1.0), FedAvg::weighted());
-        m.init(upload(0, 1).table, 2);
-        a.init(upload(0, 1).table, 2);
+        m.init(upload(0, 1).table, 2).unwrap();
+        a.init(upload(0, 1).table, 2).unwrap();
         for r in 1..=3 {
             let seeds = [r as u64, 10 + r as u64];
             assert!(close(
@@ -132,7 +132,7 @@ mod tests {
         let beta = 0.9;
         let mut m = FedAvgM::new(beta, 1.0);
         let x0 = flat(&upload(0, 1).table);
-        m.init(upload(0, 1).table, 2);
+        m.init(upload(0, 1).table, 2).unwrap();
         let y = flat(&upload(5, 1).table);
         assert!(close(&round(&mut m, 1, [5, 5]), &y, 1e-5));
         let x2 = round(&mut m, 2, [5, 5]);
@@ -161,7 +161,7 @@ mod tests {
         }
         // Checkpoint round trip.
         let mut r = FedAvgM::new(beta, 1.0);
-        r.init(upload(0, 1).table, 2);
+        r.init(upload(0, 1).table, 2).unwrap();
         r.restore(m.state()).unwrap();
         assert_eq!(round(&mut r, 3, [7, 8]), round(&mut m, 3, [7, 8]));
     }

@@ -35,7 +35,7 @@ use std::str::FromStr;
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Map, Value, json};
 
-use super::{FedAvg, ModelSlots, Strategy, StrategyError, StrategyState};
+use super::{FedAvg, ModelSlots, RoundContext, RoundPlan, Strategy, StrategyError, StrategyState};
 use crate::layers::{ParamTable, sum_products};
 use crate::trainer::LocalUpdate;
 
@@ -354,16 +354,17 @@ impl Strategy for FedCross {
         "fedcross"
     }
 
-    fn init(&mut self, initial: ParamTable, sample: usize) {
+    fn init(&mut self, initial: ParamTable, sample: usize) -> Result<(), StrategyError> {
         self.models.fill(initial, sample);
+        Ok(())
     }
 
-    fn dispatch(
+    fn configure_round(
         &mut self,
         _round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError> {
-        self.models.dispatch("FedCross", clients)
+        ctx: &mut RoundContext<'_>,
+    ) -> Result<RoundPlan, StrategyError> {
+        self.models.plan("FedCross", ctx)
     }
 
     fn aggregate(
@@ -432,7 +433,7 @@ mod tests {
 
     fn started(config: FedCrossConfig, k: usize) -> FedCross {
         let mut s = FedCross::new(config);
-        s.init(update(0, 1).table, k);
+        s.init(update(0, 1).table, k).unwrap();
         s
     }
 

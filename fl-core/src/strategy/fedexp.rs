@@ -9,7 +9,7 @@
 
 use rand_chacha::ChaCha8Rng;
 
-use super::{Strategy, StrategyError, StrategyState};
+use super::{RoundContext, RoundPlan, Strategy, StrategyError, StrategyState};
 use crate::layers::{ParamKind, ParamTable};
 use crate::trainer::LocalUpdate;
 
@@ -42,16 +42,17 @@ impl Strategy for FedExP {
         "fedexp"
     }
 
-    fn init(&mut self, initial: ParamTable, _sample: usize) {
+    fn init(&mut self, initial: ParamTable, _sample: usize) -> Result<(), StrategyError> {
         self.global = Some(initial);
+        Ok(())
     }
 
-    fn dispatch(
+    fn configure_round(
         &mut self,
         _round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError> {
-        super::broadcast(self.global.as_ref(), clients)
+        ctx: &mut RoundContext<'_>,
+    ) -> Result<RoundPlan, StrategyError> {
+        super::broadcast(self.global.as_ref(), ctx)
     }
 
     fn aggregate(
@@ -111,7 +112,6 @@ mod tests {
     use rand::SeedableRng;
 
     fn aggregate(s: &mut FedExP, seeds: &[u64]) -> f64 {
-        s.dispatch(1, &vec![0; seeds.len()]).unwrap();
         let ups = seeds.iter().map(|&k| upload(k, 10)).collect();
         let m = s
             .aggregate(1, ups, &mut ChaCha8Rng::seed_from_u64(0))
@@ -124,7 +124,7 @@ mod tests {
         #[test]
         fn the_step_size_is_at_least_one(seeds in proptest::collection::vec(0u64..1000, 1..6)) {
             let mut s = FedExP::new(1e-3);
-            s.init(upload(9999, 1).table, seeds.len());
+            s.init(upload(9999, 1).table, seeds.len()).unwrap();
             prop_assert!(aggregate(&mut s, &seeds) >= 1.0);
         }
     }
@@ -132,7 +132,7 @@ mod tests {
     #[test]
     fn agreeing_clients_give_fedavg_and_disagreeing_ones_extrapolate() {
         let mut s = FedExP::new(1e-3);
-        s.init(upload(0, 1).table, 3);
+        s.init(upload(0, 1).table, 3).unwrap();
         assert_eq!(aggregate(&mut s, &[4, 4, 4]), 1.0);
         assert!(close(
             &flat(&s.global_model().unwrap()),
@@ -144,7 +144,7 @@ mod tests {
         let x = upload(0, 1).table;
         let d = upload(1, 1).table.sub(&x).unwrap();
         let mut s = FedExP::new(1e-3);
-        s.init(x.clone(), 2);
+        s.init(x.clone(), 2).unwrap();
         let ups = [0.5, -0.4]
             .map(|k| LocalUpdate {
                 table: x.combine(1.0, &d, k).unwrap(),

@@ -38,7 +38,8 @@ use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
-use super::{FedAvg, Strategy, StrategyError, StrategyState};
+use super::fedavg_with::{ClientRule, FedAvgWith};
+use super::{Metrics, StrategyError, StrategyState};
 use crate::layers::{LayerError, ParamTable};
 use crate::rng::{Purpose, rng_for};
 use crate::trainer::{BatchContext, LocalObjective, LocalUpdate};
@@ -218,15 +219,29 @@ fn diversity_loss(noise: Tensor<2>, latent: Tensor<2>) -> Tensor<1> {
 }
 
 /// FedAvg plus a server-side generator that regularises the clients.
-pub struct FedGen {
-    avg: FedAvg,
+pub type FedGen = FedAvgWith<FedGenRule>;
+
+impl FedGen {
+    /// FedGen for clients with the given per-class sample counts (`label_counts[client][class]`).
+    pub fn new(config: FedGenConfig, label_counts: Vec<Vec<usize>>) -> Self {
+        Self::with_rule(FedGenRule {
+            config,
+            label_counts,
+            generator: None,
+        })
+    }
+}
+
+/// FedGen's client side (the generated-latent teacher) and the generator the server trains on
+/// the uploads' heads.
+pub struct FedGenRule {
     config: FedGenConfig,
     /// `label_counts[client][class]`.
     label_counts: Vec<Vec<usize>>,
     generator: Option<Generator>,
 }
 
-impl std::fmt::Debug for FedGen {
+impl std::fmt::Debug for FedGenRule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FedGen")
             .field("config", &self.config)
@@ -235,17 +250,7 @@ impl std::fmt::Debug for FedGen {
     }
 }
 
-impl FedGen {
-    /// FedGen for clients with the given per-class sample counts (`label_counts[client][class]`).
-    pub fn new(config: FedGenConfig, label_counts: Vec<Vec<usize>>) -> Self {
-        Self {
-            avg: FedAvg::weighted(),
-            config,
-            label_counts,
-            generator: None,
-        }
-    }
-
+impl FedGenRule {
     /// Whether clients are regularised this round (the generator is first trained after
     /// round 1).
     fn uses_generator(&self, round: usize) -> bool {
@@ -413,16 +418,15 @@ impl LocalObjective for GeneratorTeacher {
     }
 }
 
-impl Strategy for FedGen {
+impl ClientRule for FedGenRule {
     fn name(&self) -> &'static str {
         "fedgen"
     }
 
-    fn init(&mut self, initial: ParamTable, sample: usize) {
-        self.avg.init(initial.clone(), sample);
+    fn init(&mut self, initial: &ParamTable) -> Result<(), StrategyError> {
         self.generator = None;
-        let Ok((weight, _)) = head_of(&initial) else {
-            return; // reported by dispatch/aggregate through head_of
+        let Ok((weight, _)) = head_of(initial) else {
+            return Ok(()); // reported by dispatch/aggregate through head_of
         };
         let [latent, _] = weight.dims();
         let device = initial.device().autodiff();
@@ -461,29 +465,22 @@ impl Strategy for FedGen {
             .from_host(host, &initial.device())
             .expect("same layout");
         self.generator = Some(values.load_into(generator).expect("same module"));
-    }
-
-    fn dispatch(
-        &mut self,
-        round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError> {
-        let global = self.avg.global_model()?;
-        head_of(&global)?;
-        if let Some(&bad) = clients.iter().find(|&&c| c >= self.label_counts.len()) {
-            return Err(StrategyError::Restore(format!(
-                "FedGen knows the labels of {} clients, not client {bad}",
-                self.label_counts.len()
-            )));
-        }
-        self.avg.dispatch(round, clients)
+        Ok(())
     }
 
     fn objectives(
         &self,
         round: usize,
         clients: &[usize],
+        global: &ParamTable,
     ) -> Result<Vec<Option<Arc<dyn LocalObjective>>>, StrategyError> {
+        head_of(global)?;
+        if let Some(&bad) = clients.iter().find(|&&c| c >= self.label_counts.len()) {
+            return Err(StrategyError::Restore(format!(
+                "FedGen knows the labels of {} clients, not client {bad}",
+                self.label_counts.len()
+            )));
+        }
         if !self.uses_generator(round) {
             return Ok(vec![None; clients.len()]);
         }
@@ -519,12 +516,12 @@ impl Strategy for FedGen {
             .collect())
     }
 
-    fn aggregate(
+    fn observe(
         &mut self,
         round: usize,
-        updates: Vec<LocalUpdate>,
+        updates: &[LocalUpdate],
         rng: &mut ChaCha8Rng,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, StrategyError> {
+    ) -> Result<Metrics, StrategyError> {
         // The clients of this round received the generator with the model (from round 2 on).
         let generator_bytes = match &self.generator {
             Some(g) if self.uses_generator(round) => {
@@ -532,28 +529,22 @@ impl Strategy for FedGen {
             }
             _ => 0,
         };
-        let (teacher, diversity) = self.train_generator(&updates, rng)?;
-        let mut extra = self.avg.aggregate(round, updates, rng)?;
+        let (teacher, diversity) = self.train_generator(updates, rng)?;
+        let mut extra = Metrics::new();
         extra.insert("generator_loss".into(), teacher.into());
         extra.insert("diversity_loss".into(), diversity.into());
         extra.insert("generator_bytes_down".into(), generator_bytes.into());
         Ok(extra)
     }
 
-    fn global_model(&self) -> Result<ParamTable, StrategyError> {
-        self.avg.global_model()
-    }
-
-    fn state(&self) -> StrategyState {
-        let mut state = self.avg.state();
+    fn save(&self, state: &mut StrategyState) {
         if let Some(g) = &self.generator {
             let host = ParamTable::from_module(g).to_host().ok();
             state.extra["generator"] = serde_json::to_value(host).expect("floats serialise");
         }
-        state
     }
 
-    fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
+    fn load(&mut self, state: &mut StrategyState) -> Result<(), StrategyError> {
         let host: Option<Vec<Vec<f32>>> = serde_json::from_value(state.extra["generator"].clone())
             .map_err(|e| StrategyError::Restore(format!("FedGen generator: {e}")))?;
         let generator = self.generator.take().ok_or(StrategyError::NotInitialised)?;
@@ -561,13 +552,14 @@ impl Strategy for FedGen {
         let table = ParamTable::from_module(&generator);
         let values = table.from_host(host, &table.device())?;
         self.generator = Some(values.load_into(generator)?);
-        self.avg.restore(state)
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::Strategy;
     use crate::test_model::{device, tiny, upload};
     use rand::SeedableRng;
 
@@ -606,20 +598,21 @@ mod tests {
         };
         let run = || {
             let mut s = FedGen::new(config.clone(), counts(4));
-            s.init(ParamTable::from_module(&tiny(1)), 2);
+            s.init(ParamTable::from_module(&tiny(1)), 2).unwrap();
             let mut rng = ChaCha8Rng::seed_from_u64(3);
             let ups = vec![upload(2, 40), upload(3, 40)];
-            let first = s.train_generator(&ups, &mut rng).unwrap();
-            let second = s.train_generator(&ups, &mut rng).unwrap();
+            let first = s.rule.train_generator(&ups, &mut rng).unwrap();
+            let second = s.rule.train_generator(&ups, &mut rng).unwrap();
             (s, first, second)
         };
         let (s, first, second) = run();
         assert!(second.0 < first.0, "teacher loss {first:?} -> {second:?}");
         let (again, ..) = run();
-        let host = |s: &FedGen| ParamTable::from_module(s.generator.as_ref().unwrap()).to_host();
+        let host =
+            |s: &FedGen| ParamTable::from_module(s.rule.generator.as_ref().unwrap()).to_host();
         assert_eq!(host(&s).unwrap(), host(&again).unwrap());
         let mut restored = FedGen::new(config, counts(4));
-        restored.init(ParamTable::from_module(&tiny(1)), 2);
+        restored.init(ParamTable::from_module(&tiny(1)), 2).unwrap();
         restored.restore(s.state()).unwrap();
         assert_eq!(host(&restored).unwrap(), host(&s).unwrap());
     }
@@ -627,20 +620,23 @@ mod tests {
     #[test]
     fn clients_get_a_teacher_from_round_two_with_their_own_labels() {
         let mut s = FedGen::new(FedGenConfig::default(), counts(3));
-        s.init(ParamTable::from_module(&tiny(1)), 2);
+        s.init(ParamTable::from_module(&tiny(1)), 2).unwrap();
+        let global = ParamTable::from_module(&tiny(1));
         assert!(
-            s.objectives(1, &[0, 1])
+            s.rule
+                .objectives(1, &[0, 1], &global)
                 .unwrap()
                 .iter()
                 .all(Option::is_none)
         );
         assert!(
-            s.objectives(2, &[0, 1])
+            s.rule
+                .objectives(2, &[0, 1], &global)
                 .unwrap()
                 .iter()
                 .all(Option::is_some)
         );
-        assert!(s.dispatch(2, &[5]).is_err());
+        assert!(s.rule.objectives(2, &[5], &global).is_err());
         let bad = FedGenConfig {
             noise_dim: 0,
             ..FedGenConfig::default()

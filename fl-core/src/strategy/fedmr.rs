@@ -21,7 +21,7 @@ use std::time::Instant;
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Map, Value, json};
 
-use super::{FedAvg, ModelSlots, Strategy, StrategyError, StrategyState};
+use super::{FedAvg, ModelSlots, RoundContext, RoundPlan, Strategy, StrategyError, StrategyState};
 use crate::layers::{Granularity, ParamTable, cosine, recombine};
 use crate::secure::{SecureExchange, ServerKeys};
 use crate::trainer::LocalUpdate;
@@ -115,17 +115,18 @@ impl Strategy for FedMr {
         self.name
     }
 
-    fn init(&mut self, initial: ParamTable, sample: usize) {
+    fn init(&mut self, initial: ParamTable, sample: usize) -> Result<(), StrategyError> {
         // All K models start from one initial model, as in the authors' code.
         self.models.fill(initial, sample);
+        Ok(())
     }
 
-    fn dispatch(
+    fn configure_round(
         &mut self,
         _round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError> {
-        self.models.dispatch("FedMR", clients)
+        ctx: &mut RoundContext<'_>,
+    ) -> Result<RoundPlan, StrategyError> {
+        self.models.plan("FedMR", ctx)
     }
 
     fn aggregate(
@@ -211,7 +212,7 @@ mod tests {
             first_stage: 2,
             secure: None,
         });
-        s.init(update(0, 1).table, 3);
+        s.init(update(0, 1).table, 3).unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         for round in 1..=3 {
             let ups: Vec<LocalUpdate> = (0..3).map(|i| update(10 * round + i, 10)).collect();
@@ -246,7 +247,7 @@ mod tests {
             first_stage: 0,
             secure: Some(SecureExchange { passes: 2 }),
         });
-        s.init(update(0, 1).table, 3);
+        s.init(update(0, 1).table, 3).unwrap();
         let ups: Vec<LocalUpdate> = (1..=3).map(|i| update(i, 5)).collect();
         let m = s
             .aggregate(1, ups.clone(), &mut ChaCha8Rng::seed_from_u64(4))
@@ -269,7 +270,7 @@ mod tests {
     #[test]
     fn fedindep_only_permutes_whole_models() {
         let mut s = FedMr::fedindep();
-        s.init(update(0, 1).table, 4);
+        s.init(update(0, 1).table, 4).unwrap();
         let ups: Vec<LocalUpdate> = (1..=4).map(|i| update(i, 5)).collect();
         s.aggregate(1, ups.clone(), &mut ChaCha8Rng::seed_from_u64(3))
             .unwrap();
@@ -283,7 +284,7 @@ mod tests {
     #[test]
     fn global_model_is_the_plain_average_and_state_round_trips() {
         let mut s = FedMr::new(FedMrConfig::default());
-        s.init(update(0, 1).table, 2);
+        s.init(update(0, 1).table, 2).unwrap();
         s.aggregate(
             1,
             vec![update(1, 1), update(2, 100)],
@@ -294,11 +295,11 @@ mod tests {
         assert_eq!(host(&s.global_model().unwrap()), host(&avg));
         let state = s.state();
         let mut t = FedMr::new(FedMrConfig::default());
-        t.init(update(0, 1).table, 2);
+        t.init(update(0, 1).table, 2).unwrap();
         t.restore(state).unwrap();
         assert_eq!(host(&t.global_model().unwrap()), host(&avg));
         let mut wrong = FedMr::new(FedMrConfig::default());
-        wrong.init(update(0, 1).table, 3);
+        wrong.init(update(0, 1).table, 3).unwrap();
         assert!(wrong.restore(s.state()).is_err());
     }
 }

@@ -14,7 +14,7 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use super::{FedAvg, ModelSlots, Strategy, StrategyError, StrategyState};
+use super::{FedAvg, ModelSlots, RoundContext, RoundPlan, Strategy, StrategyError, StrategyState};
 use crate::layers::ParamTable;
 use crate::trainer::LocalUpdate;
 
@@ -118,17 +118,18 @@ impl Strategy for FedMut {
         "fedmut"
     }
 
-    fn init(&mut self, initial: ParamTable, sample: usize) {
+    fn init(&mut self, initial: ParamTable, sample: usize) -> Result<(), StrategyError> {
         self.mutants.fill(initial.clone(), sample);
         self.global = Some(initial);
+        Ok(())
     }
 
-    fn dispatch(
+    fn configure_round(
         &mut self,
         _round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError> {
-        self.mutants.dispatch("FedMut", clients)
+        ctx: &mut RoundContext<'_>,
+    ) -> Result<RoundPlan, StrategyError> {
+        self.mutants.plan("FedMut", ctx)
     }
 
     fn aggregate(
@@ -185,7 +186,7 @@ impl Strategy for FedMut {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_model::{close, flat, upload};
+    use crate::test_model::{close, flat, plan, starts, upload};
     use rand::SeedableRng;
 
     #[test]
@@ -226,27 +227,26 @@ mod tests {
     #[test]
     fn rounds_dispatch_mutants_and_deploy_the_average() {
         let mut s = FedMut::new(FedMutConfig::default());
-        s.init(upload(0, 1).table, 4);
-        let first = s.dispatch(1, &[0, 1, 2, 3]).unwrap();
+        s.init(upload(0, 1).table, 4).unwrap();
+        let first = starts(&plan(&mut s, 1, 10, 4).unwrap());
         assert!(first.iter().all(|t| flat(t) == flat(&upload(0, 1).table)));
         let ups: Vec<LocalUpdate> = (1..=4).map(|k| upload(k, 10)).collect();
         s.aggregate(1, ups.clone(), &mut ChaCha8Rng::seed_from_u64(1))
             .unwrap();
         let avg = FedAvg::average(&ups, true).unwrap();
         assert_eq!(flat(&s.global_model().unwrap()), flat(&avg));
-        let next = s.dispatch(2, &[5, 6, 7, 8]).unwrap();
+        let next = starts(&plan(&mut s, 2, 10, 4).unwrap());
         assert!(next.iter().all(|t| flat(t) != flat(&avg)));
         let mut t = FedMut::new(FedMutConfig::default());
-        t.init(upload(0, 1).table, 4);
+        t.init(upload(0, 1).table, 4).unwrap();
         t.restore(s.state()).unwrap();
         assert_eq!(
-            t.dispatch(2, &[0; 4])
-                .unwrap()
+            starts(&plan(&mut t, 2, 10, 4).unwrap())
                 .iter()
                 .map(flat)
                 .collect::<Vec<_>>(),
             next.iter().map(flat).collect::<Vec<_>>()
         );
-        assert!(s.dispatch(2, &[1, 2]).is_err());
+        assert!(plan(&mut s, 2, 10, 2).is_err());
     }
 }

@@ -7,27 +7,19 @@
 use std::sync::Arc;
 
 use burn::tensor::Tensor;
-use rand_chacha::ChaCha8Rng;
 
-use super::{FedAvg, Strategy, StrategyError, StrategyState};
+use super::fedavg_with::{ClientRule, FedAvgWith};
+use super::{StrategyError, StrategyState};
 use crate::layers::{ParamKind, ParamTable};
-use crate::trainer::{LocalObjective, LocalUpdate};
+use crate::trainer::LocalObjective;
 
 /// FedAvg aggregation plus the proximal term on every client.
-#[derive(Debug, Clone)]
-pub struct FedProx {
-    avg: FedAvg,
-    /// Weight μ of the proximal term (μ = 0 is FedAvg).
-    pub mu: f64,
-}
+pub type FedProx = FedAvgWith<Proximal>;
 
 impl FedProx {
     /// FedProx with proximal weight `mu` and sample-weighted averaging.
     pub fn new(mu: f64) -> Self {
-        Self {
-            avg: FedAvg::weighted(),
-            mu,
-        }
+        Self::with_rule(Proximal { mu })
     }
 }
 
@@ -53,55 +45,24 @@ impl LocalObjective for Proximal {
     }
 }
 
-impl Strategy for FedProx {
+impl ClientRule for Proximal {
     fn name(&self) -> &'static str {
         "fedprox"
-    }
-
-    fn init(&mut self, initial: ParamTable, sample: usize) {
-        self.avg.init(initial, sample);
-    }
-
-    fn dispatch(
-        &mut self,
-        round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError> {
-        self.avg.dispatch(round, clients)
     }
 
     fn objectives(
         &self,
         _round: usize,
         clients: &[usize],
+        _global: &ParamTable,
     ) -> Result<Vec<Option<Arc<dyn LocalObjective>>>, StrategyError> {
         // μ = 0 adds nothing, so FedProx(0) is FedAvg bit for bit.
-        let term: Option<Arc<dyn LocalObjective>> =
-            (self.mu > 0.0).then(|| Arc::new(Proximal { mu: self.mu }) as _);
+        let term: Option<Arc<dyn LocalObjective>> = (self.mu > 0.0).then(|| Arc::new(*self) as _);
         Ok(vec![term; clients.len()])
     }
 
-    fn aggregate(
-        &mut self,
-        round: usize,
-        updates: Vec<LocalUpdate>,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, StrategyError> {
-        self.avg.aggregate(round, updates, rng)
-    }
-
-    fn global_model(&self) -> Result<ParamTable, StrategyError> {
-        self.avg.global_model()
-    }
-
-    fn state(&self) -> StrategyState {
-        let mut state = self.avg.state();
+    fn save(&self, state: &mut StrategyState) {
         state.extra["mu"] = self.mu.into();
-        state
-    }
-
-    fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
-        self.avg.restore(state)
     }
 }
 
@@ -148,9 +109,16 @@ mod tests {
 
     #[test]
     fn mu_zero_adds_no_term_and_aggregates_as_fedavg() {
-        let objectives = FedProx::new(0.0).objectives(1, &[3, 4]).unwrap();
+        let global = ParamTable::from_module(&tiny(1));
+        let objectives = FedProx::new(0.0)
+            .rule
+            .objectives(1, &[3, 4], &global)
+            .unwrap();
         assert!(objectives.iter().all(Option::is_none));
-        let objectives = FedProx::new(0.01).objectives(1, &[3, 4]).unwrap();
+        let objectives = FedProx::new(0.01)
+            .rule
+            .objectives(1, &[3, 4], &global)
+            .unwrap();
         assert!(objectives.iter().all(Option::is_some));
     }
 }

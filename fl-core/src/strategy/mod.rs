@@ -1,14 +1,17 @@
-//! Server strategies: which model each sampled client gets, and what the server does with the
-//! uploads. A strategy never trains and never touches files; it speaks in [`ParamTable`]s.
+//! Server strategies: which clients train what, what the server does with the uploads, and
+//! how the result is evaluated. A strategy never trains and never touches files; it speaks in
+//! [`ParamTable`]s, and the one engine ([`Simulation`](crate::Simulation)) runs them all.
 //!
 //! One algorithm, one file: [`fedavg`], [`fedmr`], [`fedcross`], and the baselines [`fedprox`],
 //! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`], [`fedasam`], [`moon`], [`clusamp`],
-//! [`fedgen`]; and [`pfedclub`], personalised FL over heterogeneous models, with its own round
-//! loop.
+//! [`fedgen`]; and [`pfedclub`], personalised FL over heterogeneous models. Methods that are
+//! FedAvg plus a client-side rule compose it with [`fedavg_with::FedAvgWith`]; the K-model
+//! methods (FedMR, FedCross, FedMut) share [`ModelSlots`].
 
 pub mod clusamp;
 pub mod fedasam;
 pub mod fedavg;
+pub mod fedavg_with;
 pub mod fedavgm;
 pub mod fedcross;
 pub mod fedexp;
@@ -23,14 +26,16 @@ pub mod scaffold;
 pub use clusamp::{Clusamp, ClusampConfig};
 pub use fedasam::{FedAsam, SharpnessAware};
 pub use fedavg::FedAvg;
+pub use fedavg_with::{ClientRule, FedAvgWith};
 pub use fedavgm::FedAvgM;
 pub use fedcross::{FedCross, FedCrossConfig};
 pub use fedexp::FedExP;
-pub use fedgen::{FedGen, FedGenConfig};
+pub use fedgen::{FedGen, FedGenConfig, FedGenRule};
 pub use fedmr::{FedMr, FedMrConfig};
 pub use fedmut::{FedMut, FedMutConfig};
-pub use fedprox::FedProx;
-pub use moon::Moon;
+pub use fedprox::{FedProx, Proximal};
+pub use moon::{Moon, MoonRule};
+pub use pfedclub::PFedClub;
 pub use scaffold::{Scaffold, ScaffoldConfig};
 
 use std::collections::BTreeMap;
@@ -56,6 +61,12 @@ pub enum StrategyError {
     /// The strategy was used before [`Strategy::init`].
     #[error("strategy used before init")]
     NotInitialised,
+    /// A personalised strategy was asked for a global model.
+    #[error("{0} keeps one model per client, not a global model")]
+    NoGlobalModel(&'static str),
+    /// The strategy's settings or the run's setup do not fit together.
+    #[error("{0}")]
+    Config(String),
 }
 
 /// What a strategy saves in a checkpoint: its server models and any other state as JSON.
@@ -67,66 +78,180 @@ pub struct StrategyState {
     pub extra: serde_json::Value,
 }
 
-/// A federated-learning server algorithm as a small state machine over server models.
+/// Everything a strategy may use to plan a round: who the clients are, how many to sample, the
+/// run's local training settings, and the round's sampling generator.
+pub struct RoundContext<'a> {
+    /// The clients' training sample counts (their number is the number of clients).
+    pub client_sizes: &'a [usize],
+    /// Clients to sample per round.
+    pub sample: usize,
+    /// The run's local training settings.
+    pub train: &'a TrainConfig,
+    /// The round's sampling generator (derived from the seed and the round).
+    pub rng: &'a mut ChaCha8Rng,
+}
+
+impl RoundContext<'_> {
+    /// `sample` distinct clients drawn uniformly: the engine's default selection.
+    pub fn sample_uniform(&mut self) -> Vec<usize> {
+        rand::seq::index::sample(self.rng, self.client_sizes.len(), self.sample).into_vec()
+    }
+}
+
+/// What one sampled client is told to do this round.
+#[derive(Clone)]
+pub struct ClientInstruction {
+    /// The client (its index in the partition).
+    pub client: usize,
+    /// The model it starts from.
+    pub start: ParamTable,
+    /// Its extra local loss term, if any (FedProx's proximal term, a teacher, ...).
+    pub objective: Option<Arc<dyn LocalObjective>>,
+    /// Bytes the server sends it (by default the start model's size).
+    pub bytes_down: usize,
+}
+
+/// A round's plan: which clients train, from which models, with which objective and settings
+/// (Flower's `configure_fit`).
+#[derive(Clone)]
+pub struct RoundPlan {
+    /// The sampled clients' instructions, in dispatch order (a client may appear twice).
+    pub clients: Vec<ClientInstruction>,
+    /// Local training settings of this round.
+    pub train: TrainConfig,
+}
+
+impl RoundPlan {
+    /// Client `clients[i]` starts from `starts[i]` on the plain loss with `train`.
+    pub fn new(train: &TrainConfig, clients: &[usize], starts: Vec<ParamTable>) -> Self {
+        debug_assert_eq!(clients.len(), starts.len());
+        let clients = clients
+            .iter()
+            .zip(starts)
+            .map(|(&client, start)| ClientInstruction {
+                client,
+                bytes_down: start.byte_size(),
+                start,
+                objective: None,
+            })
+            .collect();
+        Self {
+            clients,
+            train: train.clone(),
+        }
+    }
+
+    /// Gives the clients their local objectives (in dispatch order).
+    pub fn with_objectives(mut self, objectives: Vec<Option<Arc<dyn LocalObjective>>>) -> Self {
+        debug_assert_eq!(objectives.len(), self.clients.len());
+        for (c, o) in self.clients.iter_mut().zip(objectives) {
+            c.objective = o;
+        }
+        self
+    }
+
+    /// The sampled clients, in dispatch order.
+    pub fn client_ids(&self) -> Vec<usize> {
+        self.clients.iter().map(|c| c.client).collect()
+    }
+}
+
+/// Evaluation services the engine offers a strategy (it knows the models, the data and the
+/// thread pool).
+pub trait Evaluator: Sync {
+    /// Accuracy and mean cross-entropy of `table` (the run's architecture) on the test set.
+    fn test_set(&self, table: &ParamTable) -> Result<(f64, f64), StrategyError>;
+
+    /// Accuracy and mean cross-entropy of each `(client, model)` on that client's own test
+    /// portion, in order (personalised FL).
+    fn client_tests(
+        &self,
+        models: &[(usize, ParamTable)],
+    ) -> Result<Vec<(f64, f64)>, StrategyError>;
+}
+
+/// What an evaluation reports: the round's headline accuracy and loss (the global model's, or
+/// the mean over clients of their own models') and any further metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Evaluation {
+    /// Accuracy in `[0, 1]`.
+    pub acc: f64,
+    /// Mean cross-entropy.
+    pub loss: f64,
+    /// Further metrics (merged into `metrics.jsonl`).
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Metrics a strategy adds to a round's line of `metrics.jsonl`.
+pub type Metrics = serde_json::Map<String, serde_json::Value>;
+
+/// A federated-learning server algorithm as a small state machine over server state, shaped
+/// like Flower's `Strategy`: [`configure_round`](Self::configure_round) says who trains what,
+/// [`aggregate`](Self::aggregate) turns the uploads into the new state,
+/// [`evaluate`](Self::evaluate) reports how good the state is. It never trains and never
+/// touches files; the engine ([`Simulation`](crate::Simulation)) does both for every strategy.
 pub trait Strategy: Send {
-    /// Short name for logs and manifests.
+    /// Short name for logs and checkpoints.
     fn name(&self) -> &'static str;
 
-    /// Sets up the server models from the initial model; `sample` is the number of clients
+    /// Sets up the server state from the initial model; `sample` is the number of clients
     /// per round.
-    fn init(&mut self, initial: ParamTable, sample: usize);
+    fn init(&mut self, initial: ParamTable, sample: usize) -> Result<(), StrategyError>;
 
-    /// The model each sampled client starts from this round (`clients` in sampling order; the
-    /// result has one table per client, in the same order).
-    fn dispatch(
+    /// This round's plan: which clients train (by default `ctx.sample_uniform()`), the model
+    /// each starts from, its local objective and the training settings.
+    fn configure_round(
         &mut self,
         round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError>;
+        ctx: &mut RoundContext<'_>,
+    ) -> Result<RoundPlan, StrategyError>;
 
-    /// Which clients take part this round, in dispatch order (clustered sampling draws them
-    /// itself; a client may appear twice). `client_sizes` are the clients' sample counts and
-    /// `rng` the round's sampling generator. `None` (the default) lets the engine draw `sample`
-    /// distinct clients uniformly.
-    fn select_clients(
-        &mut self,
-        round: usize,
-        client_sizes: &[usize],
-        sample: usize,
-        rng: &mut ChaCha8Rng,
-    ) -> Option<Vec<usize>> {
-        let _ = (round, client_sizes, sample, rng);
-        None
-    }
-
-    /// The clients' local training settings this round, from the run's (FedASAM turns on
-    /// sharpness-aware steps). By default, the run's settings.
-    fn local_training(&self, base: &TrainConfig) -> TrainConfig {
-        base.clone()
-    }
-
-    /// The extra local loss term of each sampled client this round (FedProx's proximal term,
-    /// SCAFFOLD's drift correction), in the order of `clients`; `None` trains on the plain
-    /// loss. Called after [`dispatch`](Self::dispatch). By default, no client has one.
-    fn objectives(
-        &self,
-        _round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<Option<Arc<dyn LocalObjective>>>, StrategyError> {
-        Ok(vec![None; clients.len()])
-    }
-
-    /// Turns the uploads (in sampling order) into the new server models. `rng` is the round's
-    /// server-side generator. Returns extra per-round metrics (merged into `metrics.jsonl`).
+    /// Turns the uploads (in dispatch order) into the new server state. `rng` is the round's
+    /// server-side generator. Returns extra per-round metrics.
     fn aggregate(
         &mut self,
         round: usize,
         updates: Vec<LocalUpdate>,
         rng: &mut ChaCha8Rng,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, StrategyError>;
+    ) -> Result<Metrics, StrategyError>;
 
-    /// The deployable global model.
+    /// Evaluates the server state. By default: the [global model](Self::global_model) on the
+    /// test set; personalised strategies evaluate each client's own model instead.
+    fn evaluate(
+        &mut self,
+        round: usize,
+        eval: &dyn Evaluator,
+    ) -> Result<Evaluation, StrategyError> {
+        let _ = round;
+        let (acc, loss) = eval.test_set(&self.global_model()?)?;
+        Ok(Evaluation {
+            acc,
+            loss,
+            extra: Metrics::new(),
+        })
+    }
+
+    /// The deployable global model ([`StrategyError::NoGlobalModel`] for personalised
+    /// strategies, whose clients each keep their own).
     fn global_model(&self) -> Result<ParamTable, StrategyError>;
+
+    /// Per-client results to write as `clients.json` at the end of a run (personalised
+    /// strategies); `None` by default.
+    fn client_summary(&self) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// The layout of checkpoint slot `slot` when it differs from the initial model's
+    /// (personalised strategies keep models of several architectures); `extra` is the saved
+    /// [`StrategyState::extra`]. `None` (the default): the initial model's layout.
+    fn checkpoint_layout(
+        &self,
+        slot: usize,
+        extra: &serde_json::Value,
+    ) -> Result<Option<ParamTable>, StrategyError> {
+        let _ = (slot, extra);
+        Ok(None)
+    }
 
     /// The state to checkpoint.
     fn state(&self) -> StrategyState;
@@ -135,14 +260,16 @@ pub trait Strategy: Send {
     fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError>;
 }
 
-/// The single global model, once per sampled client: the dispatch of FedAvg and of every
-/// strategy that keeps one server model.
+/// The plan of FedAvg and of every strategy that keeps one server model: `ctx.sample` clients
+/// drawn uniformly, each starting from the global model.
 pub fn broadcast(
     global: Option<&ParamTable>,
-    clients: &[usize],
-) -> Result<Vec<ParamTable>, StrategyError> {
+    ctx: &mut RoundContext<'_>,
+) -> Result<RoundPlan, StrategyError> {
     let global = global.ok_or(StrategyError::NotInitialised)?;
-    Ok(vec![global.clone(); clients.len()])
+    let clients = ctx.sample_uniform();
+    let starts = vec![global.clone(); clients.len()];
+    Ok(RoundPlan::new(ctx.train, &clients, starts))
 }
 
 /// The K server models of the multi-model strategies (FedMR, FedCross): model i goes to the
@@ -173,6 +300,18 @@ impl ModelSlots {
     /// Sets every model to `model` (a FedAvg round of the two-stage schedules).
     pub fn set_all(&mut self, model: ParamTable) {
         self.models = vec![model; self.models.len()];
+    }
+
+    /// The round's plan: `ctx.sample` clients drawn uniformly, model i going to the i-th;
+    /// `algorithm` names the strategy in errors.
+    pub fn plan(
+        &self,
+        algorithm: &str,
+        ctx: &mut RoundContext<'_>,
+    ) -> Result<RoundPlan, StrategyError> {
+        let clients = ctx.sample_uniform();
+        let starts = self.dispatch(algorithm, &clients)?;
+        Ok(RoundPlan::new(ctx.train, &clients, starts))
     }
 
     /// One model per sampled client; `algorithm` names the strategy in errors.

@@ -20,38 +20,41 @@ use std::sync::Arc;
 use burn::tensor::Tensor;
 use rand_chacha::ChaCha8Rng;
 
-use super::{ClientTables, FedAvg, Strategy, StrategyError, StrategyState};
+use super::fedavg_with::{ClientRule, FedAvgWith};
+use super::{ClientTables, Metrics, StrategyError, StrategyState};
 use crate::layers::ParamTable;
 use crate::trainer::{BatchContext, LocalObjective, LocalUpdate};
 
 /// FedAvg aggregation plus the model-contrastive term on every client.
+pub type Moon = FedAvgWith<MoonRule>;
+
+impl Moon {
+    /// MOON with contrastive weight `mu` and temperature `tau`, sample-weighted averaging.
+    pub fn new(mu: f64, tau: f64) -> Self {
+        Self::with_rule(MoonRule {
+            mu,
+            tau,
+            initial: None,
+            previous: ClientTables::default(),
+        })
+    }
+
+    /// The number of clients whose previous model the server holds.
+    pub fn stored_models(&self) -> usize {
+        self.rule.previous.len()
+    }
+}
+
+/// MOON's client side: the contrastive term against the global model and each client's
+/// previous local model, which the server keeps.
 #[derive(Debug, Clone)]
-pub struct Moon {
-    avg: FedAvg,
+pub struct MoonRule {
     /// Weight μ of the contrastive term (μ = 0 is FedAvg).
     pub mu: f64,
     /// Temperature τ.
     pub tau: f64,
     initial: Option<ParamTable>,
     previous: ClientTables,
-}
-
-impl Moon {
-    /// MOON with contrastive weight `mu` and temperature `tau`, sample-weighted averaging.
-    pub fn new(mu: f64, tau: f64) -> Self {
-        Self {
-            avg: FedAvg::weighted(),
-            mu,
-            tau,
-            initial: None,
-            previous: ClientTables::default(),
-        }
-    }
-
-    /// The number of clients whose previous model the server holds.
-    pub fn stored_models(&self) -> usize {
-        self.previous.len()
-    }
 }
 
 /// `μ · ℓ_con` over a batch, against the representations of the global model and the client's
@@ -103,34 +106,26 @@ impl LocalObjective for Contrastive {
     }
 }
 
-impl Strategy for Moon {
+impl ClientRule for MoonRule {
     fn name(&self) -> &'static str {
         "moon"
     }
 
-    fn init(&mut self, initial: ParamTable, sample: usize) {
-        self.avg.init(initial.clone(), sample);
-        self.initial = Some(initial);
+    fn init(&mut self, initial: &ParamTable) -> Result<(), StrategyError> {
+        self.initial = Some(initial.clone());
         self.previous.clear();
-    }
-
-    fn dispatch(
-        &mut self,
-        round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError> {
-        self.avg.dispatch(round, clients)
+        Ok(())
     }
 
     fn objectives(
         &self,
         _round: usize,
         clients: &[usize],
+        global: &ParamTable,
     ) -> Result<Vec<Option<Arc<dyn LocalObjective>>>, StrategyError> {
         if self.mu == 0.0 {
             return Ok(vec![None; clients.len()]);
         }
-        let global = self.avg.global_model()?;
         let initial = self.initial.as_ref().ok_or(StrategyError::NotInitialised)?;
         Ok(clients
             .iter()
@@ -146,43 +141,38 @@ impl Strategy for Moon {
             .collect())
     }
 
-    fn aggregate(
+    fn observe(
         &mut self,
-        round: usize,
-        updates: Vec<LocalUpdate>,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, StrategyError> {
-        for u in &updates {
+        _round: usize,
+        updates: &[LocalUpdate],
+        _rng: &mut ChaCha8Rng,
+    ) -> Result<Metrics, StrategyError> {
+        for u in updates {
             self.previous.insert(u.client, u.table.clone());
         }
-        let mut extra = self.avg.aggregate(round, updates, rng)?;
+        let mut extra = Metrics::new();
         extra.insert("stored_models".into(), self.previous.len().into());
         Ok(extra)
     }
 
-    fn global_model(&self) -> Result<ParamTable, StrategyError> {
-        self.avg.global_model()
-    }
-
-    fn state(&self) -> StrategyState {
-        let mut state = self.avg.state();
+    fn save(&self, state: &mut StrategyState) {
         state.tables.extend(self.initial.iter().cloned());
-        self.previous.save_into(&mut state);
+        self.previous.save_into(state);
         state.extra["mu"] = self.mu.into();
         state.extra["tau"] = self.tau.into();
-        state
     }
 
-    fn restore(&mut self, mut state: StrategyState) -> Result<(), StrategyError> {
-        self.previous = ClientTables::take_from("MOON", &mut state, 2)?;
+    fn load(&mut self, state: &mut StrategyState) -> Result<(), StrategyError> {
+        self.previous = ClientTables::take_from("MOON", state, 2)?;
         self.initial = state.tables.pop();
-        self.avg.restore(state)
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::Strategy;
     use crate::test_model::{device, tiny, upload};
     use burn::tensor::{Int, TensorData};
     use rand::SeedableRng;
@@ -234,10 +224,11 @@ mod tests {
     #[test]
     fn previous_models_are_kept_per_client_and_restored() {
         let mut moon = Moon::new(5.0, 0.5);
-        moon.init(ParamTable::from_module(&tiny(1)), 2);
+        let initial = ParamTable::from_module(&tiny(1));
+        moon.init(initial.clone(), 2).unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(0);
         // Before training, the previous model is the initial one.
-        let first = moon.objectives(1, &[3]).unwrap();
+        let first = moon.rule.objectives(1, &[3], &initial).unwrap();
         assert_eq!(first.len(), 1);
         let mut a = upload(2, 10);
         a.client = 3;
@@ -246,11 +237,11 @@ mod tests {
         moon.aggregate(1, vec![a.clone(), b], &mut rng).unwrap();
         assert_eq!(moon.stored_models(), 2);
         assert_eq!(
-            crate::test_model::flat(moon.previous.get(3).unwrap()),
+            crate::test_model::flat(moon.rule.previous.get(3).unwrap()),
             crate::test_model::flat(&a.table)
         );
         let mut restored = Moon::new(5.0, 0.5);
-        restored.init(ParamTable::from_module(&tiny(1)), 2);
+        restored.init(ParamTable::from_module(&tiny(1)), 2).unwrap();
         restored.restore(moon.state()).unwrap();
         assert_eq!(restored.stored_models(), 2);
         assert_eq!(
@@ -258,7 +249,10 @@ mod tests {
             crate::test_model::flat(&moon.global_model().unwrap())
         );
         // μ = 0 adds no term: FedAvg.
-        let none = Moon::new(0.0, 0.5).objectives(1, &[1, 2]).unwrap();
+        let none = Moon::new(0.0, 0.5)
+            .rule
+            .objectives(1, &[1, 2], &initial)
+            .unwrap();
         assert!(none.iter().all(Option::is_none));
     }
 }

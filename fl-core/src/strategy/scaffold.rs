@@ -17,7 +17,9 @@ use std::sync::Arc;
 use burn::tensor::Tensor;
 use rand_chacha::ChaCha8Rng;
 
-use super::{ClientTables, FedAvg, Strategy, StrategyError, StrategyState};
+use super::{
+    ClientTables, FedAvg, RoundContext, RoundPlan, Strategy, StrategyError, StrategyState,
+};
 use crate::layers::{ParamKind, ParamTable};
 use crate::trainer::{LocalObjective, LocalUpdate};
 
@@ -93,28 +95,11 @@ impl LocalObjective for DriftCorrection {
     }
 }
 
-impl Strategy for Scaffold {
-    fn name(&self) -> &'static str {
-        "scaffold"
-    }
-
-    fn init(&mut self, initial: ParamTable, _sample: usize) {
-        self.server_control = Some(initial.zeros_like());
-        self.global = Some(initial);
-        self.client_controls.clear();
-    }
-
-    fn dispatch(
-        &mut self,
-        _round: usize,
-        clients: &[usize],
-    ) -> Result<Vec<ParamTable>, StrategyError> {
-        super::broadcast(self.global.as_ref(), clients)
-    }
-
-    fn objectives(
+impl Scaffold {
+    /// Each client's drift correction `c − cᵢ` as its local objective, in the order of
+    /// `clients`.
+    pub fn corrections(
         &self,
-        _round: usize,
         clients: &[usize],
     ) -> Result<Vec<Option<Arc<dyn LocalObjective>>>, StrategyError> {
         let c = self
@@ -128,6 +113,29 @@ impl Strategy for Scaffold {
                 Ok(Some(Arc::new(DriftCorrection { correction }) as _))
             })
             .collect()
+    }
+}
+
+impl Strategy for Scaffold {
+    fn name(&self) -> &'static str {
+        "scaffold"
+    }
+
+    fn init(&mut self, initial: ParamTable, _sample: usize) -> Result<(), StrategyError> {
+        self.server_control = Some(initial.zeros_like());
+        self.global = Some(initial);
+        self.client_controls.clear();
+        Ok(())
+    }
+
+    fn configure_round(
+        &mut self,
+        _round: usize,
+        ctx: &mut RoundContext<'_>,
+    ) -> Result<RoundPlan, StrategyError> {
+        let plan = super::broadcast(self.global.as_ref(), ctx)?;
+        let corrections = self.corrections(&plan.client_ids())?;
+        Ok(plan.with_objectives(corrections))
     }
 
     fn aggregate(
@@ -215,13 +223,12 @@ mod tests {
     fn the_server_variate_is_the_mean_of_all_client_variates() {
         let n = 6;
         let mut s = Scaffold::new(config(n));
-        s.init(upload(100, 1).table, 3);
+        s.init(upload(100, 1).table, 3).unwrap();
         for (round, clients) in [[0, 1, 2], [2, 3, 4], [5, 0, 3], [1, 2, 5]]
             .iter()
             .enumerate()
         {
             let round = round + 1;
-            s.dispatch(round, clients).unwrap();
             let ups = clients
                 .iter()
                 .map(|&i| LocalUpdate {
@@ -242,7 +249,7 @@ mod tests {
         }
         // A checkpoint restores every variate.
         let mut t = Scaffold::new(config(n));
-        t.init(upload(100, 1).table, 3);
+        t.init(upload(100, 1).table, 3).unwrap();
         t.restore(s.state()).unwrap();
         for i in 0..n {
             assert_eq!(
@@ -256,9 +263,9 @@ mod tests {
     fn option_two_variate_and_correction() {
         let mut s = Scaffold::new(config(4));
         let x = upload(1, 1).table;
-        s.init(x.clone(), 1);
+        s.init(x.clone(), 1).unwrap();
         // First round: c = cᵢ = 0, so the correction is zero.
-        let objective = s.objectives(1, &[2]).unwrap().remove(0).unwrap();
+        let objective = s.corrections(&[2]).unwrap().remove(0).unwrap();
         let params = ParamTable::from_module(&crate::test_model::tiny(3));
         let loss = objective.extra_loss(&params, &x).unwrap();
         assert_eq!(loss.into_scalar::<f32>(), 0.0);

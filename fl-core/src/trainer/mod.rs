@@ -11,7 +11,9 @@ use rand::seq::SliceRandom;
 use crate::layers::{LayerError, ParamTable};
 use crate::model::Classifier;
 use crate::rng::{Purpose, derive_seed, rng_for, with_forward_stream};
-use crate::strategy::fedasam::SharpnessAware;
+
+mod sam;
+pub use sam::SharpnessAware;
 
 /// Hyper-parameters of local training.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

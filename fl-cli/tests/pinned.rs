@@ -1,0 +1,233 @@
+//! Pinned outputs: for a fixed seed, every algorithm's `metrics.jsonl` (without wall-clock
+//! fields) and final weights must stay bit for bit what `tests/pinned.json` records. Refactors
+//! change no results; a change that is meant to change results updates the pins on purpose:
+//!
+//! ```text
+//! FL_UPDATE_PINS=1 cargo test -p fl-cli --test pinned
+//! ```
+//!
+//! Floating-point results depend on the CPU's vector instructions (the kernels pick AVX-512,
+//! AVX2 or scalar code at run time), so pins are kept per instruction tier.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+const FL: &str = env!("CARGO_BIN_EXE_fl");
+const PINS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pinned.json");
+
+/// Shared settings: real Fashion-MNIST, 3 of 200 clients (about 900 images a round), 2 rounds.
+const BASE: &[&str] = &[
+    "--clients",
+    "200",
+    "--sample",
+    "3",
+    "--rounds",
+    "2",
+    "--local-epochs",
+    "1",
+    "--batch-size",
+    "32",
+    "--partition",
+    "dirichlet",
+    "--alpha",
+    "0.5",
+    "--seed",
+    "11",
+    "--threads",
+    "2",
+    "--quiet",
+];
+
+/// pFedClub's settings: 5 clients of zoo III on 1,000 pooled samples.
+const CLUB: &[&str] = &[
+    "--clients",
+    "5",
+    "--sample",
+    "2",
+    "--rounds",
+    "2",
+    "--local-epochs",
+    "1",
+    "--max-samples",
+    "1000",
+    "--cka-samples",
+    "32",
+    "--candidates",
+    "2",
+    "--public-samples",
+    "48",
+    "--seed",
+    "5",
+    "--threads",
+    "2",
+    "--quiet",
+];
+
+/// (name, arguments) of every pinned run.
+fn cases() -> Vec<(&'static str, Vec<&'static str>)> {
+    let global = |alg: &'static str, extra: &[&'static str]| {
+        let mut a = vec![alg];
+        a.extend_from_slice(BASE);
+        a.extend_from_slice(extra);
+        a
+    };
+    let club = |extra: &[&'static str]| {
+        let mut a = vec!["pfedclub"];
+        a.extend_from_slice(CLUB);
+        a.extend_from_slice(extra);
+        a
+    };
+    vec![
+        ("fedavg", global("fedavg", &[])),
+        ("fedavg-unweighted", global("fedavg", &["--unweighted"])),
+        ("fedmr", global("fedmr", &[])),
+        (
+            "fedmr-two-stage-layer",
+            global("fedmr", &["--first-stage", "1", "--granularity", "layer"]),
+        ),
+        ("fedcross", global("fedcross", &[])),
+        (
+            "fedcross-first-stage",
+            global("fedcross", &["--first-stage", "1"]),
+        ),
+        ("fedindep", global("fedindep", &[])),
+        ("fedprox", global("fedprox", &["--mu", "0.1"])),
+        ("scaffold", global("scaffold", &[])),
+        ("fedavgm", global("fedavgm", &[])),
+        ("fedexp", global("fedexp", &[])),
+        ("fedmut", global("fedmut", &["--mut-bound", "2"])),
+        ("moon", global("moon", &[])),
+        ("fedasam", global("fedasam", &[])),
+        ("clusamp", global("clusamp", &[])),
+        ("fedgen", global("fedgen", &[])),
+        ("pfedclub", club(&[])),
+        ("pfedclub-pfedhr", club(&["--variant", "pfedhr"])),
+        ("pfedclub-fedavg", club(&["--variant", "fedavg"])),
+    ]
+}
+
+fn sha(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// SHA-256 of metrics.jsonl without its wall-clock fields.
+fn metrics_digest(dir: &Path) -> String {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let mut canonical = String::new();
+    for line in text.lines() {
+        let mut v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let m = v.as_object_mut().unwrap();
+        // Wall-clock fields: every `*_seconds` (FedMR's `recombine_seconds` too).
+        m.retain(|k, _| !k.ends_with("_seconds"));
+        // Sorted keys: the digest does not depend on the writer's field order.
+        let sorted: BTreeMap<_, _> = m.iter().collect();
+        canonical.push_str(&serde_json::to_string(&sorted).unwrap());
+        canonical.push('\n');
+    }
+    sha(canonical.as_bytes())
+}
+
+/// SHA-256 of the final weights: every tensor of the last checkpoint (the server's models and
+/// state, or every client's model), by name. (`model.bpk` holds fresh parameter ids per run.)
+fn weights_digest(dir: &Path) -> String {
+    let bytes = std::fs::read(dir.join("checkpoint.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.data().to_vec()))
+        .collect();
+    tensors.sort();
+    assert!(!tensors.is_empty(), "no tensors in the checkpoint");
+    let mut h = Sha256::new();
+    for (name, data) in tensors {
+        h.update(name.as_bytes());
+        h.update(&data);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn tier() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            return "x86_64-avx512";
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            return "x86_64-avx2";
+        }
+    }
+    "other"
+}
+
+type Pins = BTreeMap<String, BTreeMap<String, [String; 2]>>;
+
+#[test]
+fn every_algorithm_reproduces_its_pinned_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut got = BTreeMap::new();
+    for (name, args) in cases() {
+        let out = dir.path().join(name);
+        let o = Command::new(FL)
+            .args(&args)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "fl {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        got.insert(
+            name.to_string(),
+            [metrics_digest(&out), weights_digest(&out)],
+        );
+    }
+    let mut pins: Pins = std::fs::read_to_string(PINS)
+        .ok()
+        .map(|t| serde_json::from_str(&t).expect("valid pins file"))
+        .unwrap_or_default();
+    if std::env::var_os("FL_UPDATE_PINS").is_some() {
+        pins.insert(tier().to_string(), got);
+        std::fs::write(PINS, serde_json::to_string_pretty(&pins).unwrap() + "\n").unwrap();
+        return;
+    }
+    let Some(expected) = pins.get(tier()) else {
+        panic!(
+            "no pinned outputs for this CPU ({}); record them from a known-good commit with FL_UPDATE_PINS=1",
+            tier()
+        );
+    };
+    let mut wrong = Vec::new();
+    for (name, digests) in &got {
+        match expected.get(name) {
+            Some(e) if e == digests => {}
+            Some(e) => wrong.push(format!(
+                "{name}: metrics {} weights {}",
+                if e[0] == digests[0] {
+                    "same"
+                } else {
+                    "CHANGED"
+                },
+                if e[1] == digests[1] {
+                    "same"
+                } else {
+                    "CHANGED"
+                }
+            )),
+            None => wrong.push(format!("{name}: not pinned")),
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "outputs differ from the pins:\n{}",
+        wrong.join("\n")
+    );
+}
