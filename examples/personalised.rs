@@ -97,7 +97,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let device = Device::flex().autodiff();
     // Even clients own a narrow perceptron, odd ones a wide one.
-    let build = |client: usize| Mlp::new(if client % 2 == 0 { 64 } else { 128 }, &device);
+    let build = |client: usize| Mlp::new(if client.is_multiple_of(2) { 64 } else { 128 }, &device);
     let config = EngineConfig {
         sample: 4,
         rounds: 5,
