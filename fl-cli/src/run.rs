@@ -172,7 +172,7 @@ pub fn run(
 
 /// Builds the data, the model(s) and the strategy a configuration names, and runs them on
 /// the engine: global algorithms here, personalised ones (a `[pfedclub]` section) through
-/// [`crate::personal::prepare`].
+/// [`crate::personal::run_one`].
 fn run_one(
     cfg: &RunConfig,
     resume: bool,

@@ -13,7 +13,8 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 
-/// Settings of sharpness-aware local steps (see the [module docs](self)).
+/// Settings of sharpness-aware local steps: every step takes the descent gradient at `w + ε`,
+/// `ε = ρ · T² g / ‖T g‖` with `T = |w| + η` on weights (ASAM) or `T = 1` (SAM).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SharpnessAware {
     /// Neighbourhood radius ρ.
