@@ -47,7 +47,7 @@ pub fn landscape(run: &Path, args: &LandscapeArgs, out: &Path) -> anyhow::Result
             run.display()
         );
     }
-    let data = load_dataset(cfg.dataset_kind()?, cfg.data_dir.as_deref())?;
+    let data = load_dataset(cfg.run.dataset_kind()?, cfg.run.data_dir.as_deref())?;
     let n = args.samples.min(data.test.len());
     let test = data.test.subset(&(0..n).collect::<Vec<_>>());
     let device = backend::device();
@@ -55,7 +55,7 @@ pub fn landscape(run: &Path, args: &LandscapeArgs, out: &Path) -> anyhow::Result
     let coords: Vec<f64> = (0..args.grid)
         .map(|i| -args.span + 2.0 * args.span * i as f64 / (args.grid - 1) as f64)
         .collect();
-    let points = with_model!(cfg.model_kind()?, shape, classes, &device, |model| {
+    let points = with_model!(cfg.run.model_kind()?, shape, classes, &device, |model| {
         surface(
             model,
             &weights,
@@ -71,7 +71,7 @@ pub fn landscape(run: &Path, args: &LandscapeArgs, out: &Path) -> anyhow::Result
         out,
         &points,
         &coords,
-        &format!("{} loss landscape", cfg.algorithm),
+        &format!("{} loss landscape", cfg.label()),
     )?;
     let centre = points[points.len() / 2];
     let lowest = points

@@ -1,12 +1,12 @@
 //! `fl`: federated-learning simulations on Burn. See `fl --help`.
 
+mod algorithms;
 mod backend;
 mod bench;
 mod config;
 mod landscape;
 mod log;
 mod partition;
-mod personal;
 mod plot;
 mod report;
 mod run;
@@ -14,9 +14,10 @@ mod run;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use config::{BaselineArgs, FedCrossArgs, FedMrArgs, RunArgs};
+use config::RunArgs;
 
 /// Federated-learning simulations (FedAvg, ...) on Burn, reproducible from a seed.
 #[derive(Debug, Parser)]
@@ -36,152 +37,8 @@ enum Command {
         #[command(flatten)]
         args: Box<RunArgs>,
     },
-    /// FedAvg (McMahan et al. 2017): clients train the global model, the server averages them.
-    Fedavg {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        /// Average uploads with equal weights instead of by sample counts.
-        #[arg(long)]
-        unweighted: bool,
-    },
-    /// FedMR (Hu et al. 2024): K models, recombined layer-wise across clients every round.
-    Fedmr {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        #[command(flatten)]
-        fedmr: FedMrArgs,
-    },
-    /// FedCross (Hu et al. 2024): K models, each fused with a collaborative partner every round.
-    Fedcross {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        #[command(flatten)]
-        cross: FedCrossArgs,
-    },
-    /// FedIndep: K models trained independently, re-dispatched to random clients each round.
-    Fedindep {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-    },
-    /// FedProx (Li et al. 2020): FedAvg with the local proximal term (μ/2)·‖w − w_global‖².
-    Fedprox {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        /// Proximal weight μ (papers: 0.01 CIFAR-10, 0.001 CIFAR-100, 0.1 FEMNIST) (default 0.01).
-        #[arg(long)]
-        mu: Option<f64>,
-    },
-    /// SCAFFOLD (Karimireddy et al. 2020): control variates correct client drift.
-    Scaffold {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        /// Server learning rate η_g (default 1).
-        #[arg(long)]
-        server_lr: Option<f64>,
-    },
-    /// FedAvgM (Hsu et al. 2019): FedAvg with server momentum.
-    Fedavgm {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        /// Server momentum β (default 0.9).
-        #[arg(long)]
-        server_momentum: Option<f64>,
-        /// Server learning rate (default 1).
-        #[arg(long)]
-        server_lr: Option<f64>,
-    },
-    /// FedExP (Jhunjhunwala et al. 2023): FedAvg with an extrapolated server step size.
-    Fedexp {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        /// ε of the step-size rule (default 0.001).
-        #[arg(long)]
-        epsilon: Option<f64>,
-    },
-    /// pFedClub (Wang et al. 2024): personalised FL over heterogeneous model zoos by block
-    /// substitution; also pFedHR-style reassembly, FedAvg per architecture and local training
-    /// (`--variant`), and the paper's ablations.
-    Pfedclub {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        #[command(flatten)]
-        club: personal::ClubArgs,
-    },
-    /// FedMut (Hu et al. 2024): the global model is mutated into K models along its last update.
-    Fedmut {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        /// Mutation radius α (default 4.0).
-        #[arg(long)]
-        mut_radius: Option<f64>,
-        /// Initial imbalance of the mutation pairs, decaying to 0 over --mut-bound rounds (default 0.3).
-        #[arg(long)]
-        mut_rate: Option<f64>,
-        /// Rounds over which the imbalance decays (default 100).
-        #[arg(long)]
-        mut_bound: Option<usize>,
-    },
-    /// MOON (Li et al. 2021): FedAvg with a model-contrastive local loss.
-    Moon {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        /// Weight μ of the contrastive term (default: 5, or 1 for CIFAR-100 and FEMNIST).
-        #[arg(long)]
-        moon_mu: Option<f64>,
-        /// Temperature τ (default 0.5).
-        #[arg(long)]
-        tau: Option<f64>,
-    },
-    /// FedASAM (Caldarola et al. 2022): FedAvg with adaptive sharpness-aware local steps.
-    Fedasam {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        /// Neighbourhood radius ρ (default 0.1).
-        #[arg(long)]
-        rho: Option<f64>,
-        /// η of the adaptive scaling |w| + η (default 0).
-        #[arg(long)]
-        eta: Option<f64>,
-        /// Plain SAM (FedSAM) instead of ASAM.
-        #[arg(long)]
-        sam: bool,
-    },
-    /// Clustered sampling (Fraboni et al. 2021, Algorithm 2): clients clustered by the
-    /// similarity of their updates, one sampled per cluster-based distribution.
-    Clusamp {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        /// Distance between updates: arccos (default), l1, l2.
-        #[arg(long)]
-        cluster_distance: Option<String>,
-        /// What Ward's linkage clusters: rows of the distance matrix (authors' code, default)
-        /// or the distances themselves.
-        #[arg(long)]
-        linkage: Option<String>,
-    },
-    /// FedGen (Zhu et al. 2021): a server-trained generator of latent features regularises
-    /// the clients (data-free knowledge distillation).
-    Fedgen {
-        #[command(flatten)]
-        args: Box<RunArgs>,
-        /// Generator noise: gaussian (paper, default) or uniform (authors' code).
-        #[arg(long)]
-        gen_noise: Option<String>,
-        /// Generator learning rate (default: 3e-4; 1e-4 for CIFAR-100).
-        #[arg(long)]
-        gen_lr: Option<f64>,
-        /// Generator steps per round (default 50).
-        #[arg(long)]
-        gen_steps: Option<usize>,
-        /// Client weight α of the generated-latent cross-entropy, decaying 0.98 per round
-        /// (default: 10; 0.2 for CIFAR-10).
-        #[arg(long)]
-        gen_alpha: Option<f64>,
-        /// Client weight β of the latent KL term, decaying 0.98 per round (default: 10; 0.2 for
-        /// CIFAR-10, 1 for CIFAR-100).
-        #[arg(long)]
-        gen_beta: Option<f64>,
-    },
+    #[command(flatten)]
+    Algorithm(algorithms::AlgorithmCommand),
     /// Plot test accuracy (or loss) against rounds for runs; a directory of runs (one per seed)
     /// is drawn as its mean with a ±1 std band.
     Plot {
@@ -301,124 +158,64 @@ fn load_groups(dirs: &[PathBuf]) -> anyhow::Result<Vec<report::RunGroup>> {
     dirs.iter().map(|d| report::load_group(d)).collect()
 }
 
+/// The ids of the arguments given on the command line (not defaulted) of the subcommand.
+fn given_ids(matches: &ArgMatches) -> Vec<String> {
+    matches
+        .ids()
+        .filter(|id| matches.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+        .map(|id| id.to_string())
+        .collect()
+}
+
+/// Parses the command line; a usage error is one line on stderr and exit code 1.
+fn parse() -> Result<Cli, ExitCode> {
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|m| Ok((Cli::from_arg_matches(&m)?, m)));
+    let (mut cli, matches) = match parsed {
+        Ok(p) => p,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let text = e.to_string();
+            let lines: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+                .collect();
+            eprintln!("{}", lines.join(" "));
+            return Err(ExitCode::FAILURE);
+        }
+    };
+    let given = matches.subcommand().map(|(_, m)| given_ids(m));
+    let args = match &mut cli.command {
+        Command::Algorithm(c) => Some(c.run_args_mut()),
+        Command::Run { args, .. } | Command::Partition { args, .. } => Some(args.as_mut()),
+        _ => None,
+    };
+    if let (Some(args), Some(given)) = (args, given) {
+        args.given = given;
+    }
+    Ok(cli)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     log::init();
     let result = match cli.command {
-        Command::Run { file, args } => run::from_file(&file, &args),
-        Command::Fedavg { args, unweighted } => run::fedavg(&args, unweighted),
-        Command::Fedmr { args, fedmr } => run::fedmr(&args, &fedmr),
-        Command::Fedcross { args, cross } => run::fedcross(&args, &cross),
-        Command::Fedindep { args } => run::fedindep(&args),
-        Command::Fedprox { args, mu } => run::baseline(
-            "fedprox",
-            &args,
-            &BaselineArgs {
-                mu,
-                ..Default::default()
+        Command::Run { file, args } => run::start(
+            None,
+            &config::RunArgs {
+                config: Some(file),
+                ..*args
             },
         ),
-        Command::Scaffold { args, server_lr } => run::baseline(
-            "scaffold",
-            &args,
-            &BaselineArgs {
-                server_lr,
-                ..Default::default()
-            },
-        ),
-        Command::Fedavgm {
-            args,
-            server_momentum,
-            server_lr,
-        } => run::baseline(
-            "fedavgm",
-            &args,
-            &BaselineArgs {
-                server_momentum,
-                server_lr,
-                ..Default::default()
-            },
-        ),
-        Command::Fedexp { args, epsilon } => run::baseline(
-            "fedexp",
-            &args,
-            &BaselineArgs {
-                epsilon,
-                ..Default::default()
-            },
-        ),
-        Command::Pfedclub { args, club } => personal::pfedclub(&args, &club),
-        Command::Fedmut {
-            args,
-            mut_radius,
-            mut_rate,
-            mut_bound,
-        } => run::baseline(
-            "fedmut",
-            &args,
-            &BaselineArgs {
-                mut_radius,
-                mut_rate,
-                mut_bound,
-                ..Default::default()
-            },
-        ),
-        Command::Moon { args, moon_mu, tau } => run::baseline(
-            "moon",
-            &args,
-            &BaselineArgs {
-                moon_mu,
-                tau,
-                ..Default::default()
-            },
-        ),
-        Command::Fedasam {
-            args,
-            rho,
-            eta,
-            sam,
-        } => run::baseline(
-            "fedasam",
-            &args,
-            &BaselineArgs {
-                rho,
-                eta,
-                sam,
-                ..Default::default()
-            },
-        ),
-        Command::Clusamp {
-            args,
-            cluster_distance,
-            linkage,
-        } => run::baseline(
-            "clusamp",
-            &args,
-            &BaselineArgs {
-                cluster_distance,
-                linkage,
-                ..Default::default()
-            },
-        ),
-        Command::Fedgen {
-            args,
-            gen_noise,
-            gen_lr,
-            gen_steps,
-            gen_alpha,
-            gen_beta,
-        } => run::baseline(
-            "fedgen",
-            &args,
-            &BaselineArgs {
-                gen_noise,
-                gen_lr,
-                gen_steps,
-                gen_alpha,
-                gen_beta,
-                ..Default::default()
-            },
-        ),
+        Command::Algorithm(command) => {
+            let (args, algorithm) = command.into_parts();
+            run::start(Some(&algorithm), &args)
+        }
         Command::Plot {
             runs,
             out,

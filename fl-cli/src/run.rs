@@ -6,213 +6,112 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use burn::tensor::Device;
 use fl_core::rng::{Purpose, derive_seed};
-use fl_core::strategy::{FedCross, FedMr, Strategy};
-use fl_core::{Classifier, FedAvg, RoundMetrics, Simulation};
+use fl_core::strategy::Strategy;
+use fl_core::{Classifier, RoundMetrics, Simulation};
 use fl_data::{FederatedDataset, Partition, load_dataset};
 use fl_models::{ModelKind, with_model};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::algorithms::{Algorithm, pfedclub};
 use crate::backend;
-use crate::config::{BaselineArgs, FedCrossArgs, FedMrArgs, RunArgs, RunConfig};
+use crate::config::{PartitionKind, RunArgs, RunConfig, RunSettings};
 
-/// Loads the config for a new run or a resumed one.
-pub fn resolve(algorithm: &str, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)> {
+/// `fl ALGORITHM` (with the subcommand's algorithm) and `fl run FILE` (`command = None`: the
+/// file's algorithm): resolves the configuration, or takes a resumed run's, checks it and runs
+/// it once, or once per seed of `--seeds` (each into its own `sSEED` folder, afresh).
+pub fn start(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<()> {
+    let (cfg, resume) = resolve(command, args)?;
+    // Settings are checked before any data is read.
+    cfg.run.dataset_kind()?;
+    if !matches!(cfg.algorithm, Algorithm::Pfedclub(_)) {
+        cfg.run.model_kind()?;
+    }
+    cfg.algorithm.settings().check(&cfg.run)?;
+    let Some(seeds) = &args.seeds else {
+        return run_one(&cfg, resume, args.quiet);
+    };
+    let r = &cfg.run;
+    let base = r.out.clone().unwrap_or_else(|| {
+        Path::new("runs").join(format!("{}-{}-{}", cfg.label(), r.dataset, r.model))
+    });
+    for &seed in seeds {
+        let mut cfg = cfg.clone();
+        cfg.run.seed = seed;
+        cfg.run.out = Some(base.join(format!("s{seed}")));
+        run_one(&cfg, false, args.quiet)?;
+    }
+    Ok(())
+}
+
+/// The configuration of a new run, or of the resumed run in `--resume DIR` (whose
+/// `config.toml` wins; only `--rounds` may extend it).
+fn resolve(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)> {
     let Some(dir) = &args.resume else {
-        return Ok((RunConfig::resolve(algorithm, args)?, false));
+        return Ok((RunConfig::resolve(command, args)?, false));
     };
     let mut cfg = RunConfig::from_file(&dir.join("config.toml"))
         .with_context(|| format!("{} is not a run directory", dir.display()))?;
-    let personal = |a: &str| crate::personal::VARIANTS.contains(&a);
-    if cfg.algorithm != algorithm && !(personal(&cfg.algorithm) && personal(algorithm)) {
+    if let Some(command) = command
+        && command.name() != cfg.algorithm.name()
+    {
         bail!(
-            "{} is a '{}' run, not '{algorithm}'",
+            "{} is a '{}' run, not '{}'",
             dir.display(),
-            cfg.algorithm
+            cfg.algorithm.name(),
+            command.name()
         );
     }
-    // Only --rounds may change a resumed run; say so if other settings were given.
-    let only_rounds = RunArgs {
-        rounds: None,
-        resume: None,
-        quiet: false,
-        seeds: None,
-        ..args.clone()
-    };
-    if RunConfig::resolve(algorithm, &only_rounds)?
-        != RunConfig::resolve(algorithm, &RunArgs::default())?
+    if args
+        .given
+        .iter()
+        .any(|id| !["rounds", "resume", "quiet"].contains(&id.as_str()))
     {
         eprintln!(
             "warning: --resume continues with {}/config.toml; other settings given are ignored",
             dir.display()
         );
     }
-    if let Some(rounds) = args.rounds {
-        cfg.rounds = rounds;
+    if args.given("rounds") {
+        cfg.run.rounds = args.settings.rounds;
     }
-    cfg.out = Some(dir.clone());
+    cfg.run.out = Some(dir.clone());
     Ok((cfg, true))
 }
 
-/// Builds a run's strategy once its data and partition are known (FedGen needs the clients'
-/// label counts); called once per run, so every seed of `--seeds` starts afresh.
-pub type MakeStrategy<'a> =
-    dyn Fn(&RunConfig, &FederatedDataset, &Partition) -> anyhow::Result<Box<dyn Strategy>> + 'a;
-
-/// `fl fedavg`.
-pub fn fedavg(args: &RunArgs, unweighted: bool) -> anyhow::Result<()> {
-    let (mut cfg, resume) = resolve("fedavg", args)?;
-    if !resume && unweighted {
-        cfg.weighted = false;
-    }
-    run(&cfg, resume, args, &|cfg, _, _| {
-        Ok(Box::new(if cfg.weighted {
-            FedAvg::weighted()
-        } else {
-            FedAvg::unweighted()
-        }))
-    })
-}
-
-/// `fl fedmr`.
-pub fn fedmr(args: &RunArgs, flags: &FedMrArgs) -> anyhow::Result<()> {
-    let (mut cfg, resume) = resolve("fedmr", args)?;
-    if !resume {
-        flags.apply(&mut cfg);
-    }
-    cfg.fedmr()?;
-    run(&cfg, resume, args, &|cfg, _, _| {
-        Ok(Box::new(FedMr::new(cfg.fedmr()?)))
-    })
-}
-
-/// `fl fedcross`.
-pub fn fedcross(args: &RunArgs, cross: &FedCrossArgs) -> anyhow::Result<()> {
-    let (mut cfg, resume) = resolve("fedcross", args)?;
-    if !resume {
-        cross.apply(&mut cfg);
-    }
-    cfg.fedcross()?;
-    run(&cfg, resume, args, &|cfg, _, _| {
-        Ok(Box::new(FedCross::new(cfg.fedcross()?)))
-    })
-}
-
-/// `fl fedindep`.
-pub fn fedindep(args: &RunArgs) -> anyhow::Result<()> {
-    let (cfg, resume) = resolve("fedindep", args)?;
-    run(&cfg, resume, args, &|_, _, _| {
-        Ok(Box::new(FedMr::fedindep()))
-    })
-}
-
-/// `fl fedprox`, `fl scaffold`, `fl fedavgm`, `fl fedexp`, `fl fedmut`, `fl moon`,
-/// `fl fedasam`, `fl clusamp`, `fl fedgen`.
-pub fn baseline(algorithm: &str, args: &RunArgs, flags: &BaselineArgs) -> anyhow::Result<()> {
-    let (mut cfg, resume) = resolve(algorithm, args)?;
-    if !resume {
-        flags.apply(&mut cfg);
-    }
-    // Settings are checked before any data is read.
-    cfg.baseline(Vec::new)?;
-    run(&cfg, resume, args, &|cfg, data, partition| {
-        cfg.baseline(|| partition.label_histogram(data.train.labels(), data.train.num_classes()))
-    })
-}
-
-/// `fl run FILE`: the algorithm named in the config file, with the file's settings.
-pub fn from_file(file: &Path, args: &RunArgs) -> anyhow::Result<()> {
-    let cfg = RunConfig::from_file(file)?;
-    let args = RunArgs {
-        config: Some(file.to_path_buf()),
-        ..args.clone()
-    };
-    match cfg.algorithm.as_str() {
-        "fedavg" => fedavg(&args, false),
-        "fedmr" => fedmr(&args, &FedMrArgs::default()),
-        "fedcross" => fedcross(&args, &FedCrossArgs::default()),
-        "fedindep" => fedindep(&args),
-        baseline_name @ ("fedprox" | "scaffold" | "fedavgm" | "fedexp" | "fedmut" | "moon"
-        | "fedasam" | "clusamp" | "fedgen") => {
-            baseline(baseline_name, &args, &BaselineArgs::default())
-        }
-        personal if crate::personal::VARIANTS.contains(&personal) => {
-            crate::personal::from_file(personal, &args)
-        }
-        other => bail!(
-            "{}: unknown algorithm '{other}' (known: fedavg, fedmr, fedcross, fedindep, fedprox, scaffold, fedavgm, fedexp, fedmut, moon, fedasam, clusamp, fedgen, pfedclub, pfedhr, fedavg-per-arch, local)",
-            file.display()
-        ),
-    }
-}
-
-/// Runs the strategy `make` builds on the configuration, once, or once per seed of `--seeds`
-/// (each into its own `sSEED` folder, with a strategy of its own).
-pub fn run(
-    cfg: &RunConfig,
-    resume: bool,
-    args: &RunArgs,
-    make: &MakeStrategy<'_>,
-) -> anyhow::Result<()> {
-    let Some(seeds) = &args.seeds else {
-        return run_one(cfg, resume, args.quiet, make);
-    };
-    let base = cfg.out.clone().unwrap_or_else(|| {
-        Path::new("runs").join(format!("{}-{}-{}", cfg.algorithm, cfg.dataset, cfg.model))
-    });
-    for &seed in seeds {
-        let cfg = RunConfig {
-            seed,
-            out: Some(base.join(format!("s{seed}"))),
-            ..cfg.clone()
-        };
-        run_one(&cfg, false, args.quiet, make)?;
-    }
-    Ok(())
-}
-
 /// Builds the data, the model(s) and the strategy a configuration names, and runs them on
-/// the engine: global algorithms here, personalised ones (a `[pfedclub]` section) through
-/// [`crate::personal::run_one`].
-fn run_one(
-    cfg: &RunConfig,
-    resume: bool,
-    quiet: bool,
-    make: &MakeStrategy<'_>,
-) -> anyhow::Result<()> {
+/// the engine: global algorithms here, pFedClub through [`pfedclub::run_one`].
+fn run_one(cfg: &RunConfig, resume: bool, quiet: bool) -> anyhow::Result<()> {
     let quiet = quiet || !std::io::stdout().is_terminal();
-    // Settings are checked before any data is read.
-    let model_kind = match &cfg.pfedclub {
-        None => Some(cfg.model_kind()?),
-        Some(_) => None,
-    };
-    let kind = cfg.dataset_kind()?;
-    let data = load_dataset(kind, cfg.data_dir.as_deref())?;
+    let data = load_dataset(cfg.run.dataset_kind()?, cfg.run.data_dir.as_deref())?;
     if data.origin == "embedded" {
         eprintln!(
             "note: using the embedded Fashion-MNIST copy (10k test images split 8,000/2,000); install dataset-fashion-mnist or pass --data-dir for the full set"
         );
     }
-    let Some(model_kind) = model_kind else {
-        return crate::personal::run_one(cfg, &data, resume, quiet);
-    };
-    let partition = build_partition(cfg, &data)?;
+    if let Algorithm::Pfedclub(club) = &cfg.algorithm {
+        return pfedclub::run_one(cfg, club, &data, resume, quiet);
+    }
+    let model_kind = cfg.run.model_kind()?;
+    let partition = build_partition(&cfg.run, &data)?;
     let mut cfg = cfg.clone();
-    cfg.settle_clients(partition.num_clients())?;
+    cfg.run.settle_clients(partition.num_clients())?;
     let cfg = &cfg;
-    let mut strategy = make(cfg, &data, &partition)?;
+    let mut strategy = cfg.algorithm.settings().strategy(&cfg.run, &|| {
+        partition.label_histogram(data.train.labels(), data.train.num_classes())
+    })?;
     let out = prepare_out_dir(cfg, resume)?;
     if !resume {
         write_run_files(cfg, &out, &data, &partition, serde_json::Map::new())?;
     }
     let ad = backend::device().autodiff();
-    ad.seed(derive_seed(cfg.seed, Purpose::Init, 0, 0));
+    ad.seed(derive_seed(cfg.run.seed, Purpose::Init, 0, 0));
     let (shape, classes) = (data.train.image_shape(), data.train.num_classes());
     with_model!(model_kind, shape, classes, &ad, |model| {
         let sim = Simulation {
             model,
             data: &data,
             partition: &partition,
-            config: cfg.engine(),
+            config: cfg.run.engine(),
             out_dir: Some(out.clone()),
             objective: None,
             clients: None,
@@ -246,7 +145,7 @@ pub fn simulate<M: Classifier>(
     strategy: &mut dyn Strategy,
 ) -> anyhow::Result<()> {
     let out = cfg.out_dir();
-    let bar = round_bar(cfg.rounds, quiet);
+    let bar = round_bar(cfg.run.rounds, quiet);
     let what = if sim.clients.is_some() {
         "mean client acc"
     } else {
@@ -262,11 +161,11 @@ pub fn simulate<M: Classifier>(
     crate::log::open_run_log(&out)
         .with_context(|| format!("cannot write {}", out.join(crate::log::LOG_FILE).display()))?;
     tracing::info!(
-        algorithm = %cfg.algorithm,
+        algorithm = %cfg.label(),
         dataset = %sim.data.name,
-        model = %cfg.model,
-        seed = cfg.seed,
-        rounds = cfg.rounds,
+        model = %cfg.run.model,
+        seed = cfg.run.seed,
+        rounds = cfg.run.rounds,
         resume,
         out = %out.display(),
         "run started"
@@ -293,10 +192,10 @@ pub fn simulate<M: Classifier>(
             };
             println!(
                 "{}: final {what} {:.2}%, best {:.2}% after {} rounds; results in {}",
-                cfg.algorithm,
+                cfg.label(),
                 100.0 * last,
                 100.0 * best,
-                cfg.rounds,
+                cfg.run.rounds,
                 out.display()
             );
         }
@@ -318,12 +217,9 @@ pub fn round_bar(rounds: usize, quiet: bool) -> ProgressBar {
 }
 
 /// The run's partition: `--partition-file`, the dataset's natural split, or a seeded draw.
-fn build_partition(cfg: &RunConfig, data: &FederatedDataset) -> anyhow::Result<Partition> {
+fn build_partition(cfg: &RunSettings, data: &FederatedDataset) -> anyhow::Result<Partition> {
     // The natural partition comes with the data (FEMNIST writers); the others are drawn.
-    let scheme = match cfg.partition.as_str() {
-        "natural" => None,
-        _ => Some(cfg.partition_scheme()?),
-    };
+    let scheme = cfg.partition_scheme()?;
     Ok(match &cfg.partition_file {
         Some(path) => {
             let p = Partition::load(path)?;
@@ -355,8 +251,9 @@ pub fn partition(run: Option<&Path>, args: &RunArgs, image: &Path) -> anyhow::Re
     let cfg = match run {
         Some(dir) => RunConfig::from_file(&dir.join("config.toml"))
             .with_context(|| format!("{} is not a run directory", dir.display()))?,
-        None => RunConfig::resolve("fedavg", args)?,
-    };
+        None => RunConfig::resolve(Some(&Algorithm::with_defaults("fedavg")?), args)?,
+    }
+    .run;
     let data = load_dataset(cfg.dataset_kind()?, cfg.data_dir.as_deref())?;
     let partition = match run {
         Some(dir) => {
@@ -366,11 +263,12 @@ pub fn partition(run: Option<&Path>, args: &RunArgs, image: &Path) -> anyhow::Re
         }
         None => build_partition(&cfg, &data)?,
     };
-    let scheme = match cfg.partition.as_str() {
-        "dirichlet" => format!("Dirichlet {}", cfg.alpha),
-        "dirichlet-balanced" => format!("balanced Dirichlet {}", cfg.alpha),
-        "pathological" => format!("{} classes per client", cfg.classes_per_client),
-        other => other.to_string(),
+    let scheme = match cfg.partition {
+        PartitionKind::Dirichlet => format!("Dirichlet {}", cfg.alpha),
+        PartitionKind::DirichletBalanced => format!("balanced Dirichlet {}", cfg.alpha),
+        PartitionKind::Pathological => format!("{} classes per client", cfg.classes_per_client),
+        PartitionKind::Iid => "IID".into(),
+        PartitionKind::Natural => "natural".into(),
     };
     let title = format!(
         "{}: {} clients, {scheme}, seed {}",
@@ -417,16 +315,13 @@ pub fn write_run_files(
         let path = out.join(name);
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
     };
-    write(
-        "config.toml",
-        toml::to_string(cfg).context("serialising the config")?,
-    )?;
+    write("config.toml", cfg.to_toml())?;
     let mut manifest = serde_json::json!({
         "fl_version": env!("CARGO_PKG_VERSION"),
         "git_hash": option_env!("FL_GIT_HASH").unwrap_or("unknown"),
         "backend": backend::name(),
-        "seed": cfg.seed,
-        "algorithm": cfg.algorithm,
+        "seed": cfg.run.seed,
+        "algorithm": cfg.label(),
         "dataset": data.name,
         "dataset_origin": data.origin,
         "train_samples": data.train.len(),

@@ -100,7 +100,7 @@ fn bad_input_is_a_one_line_error_not_a_panic() {
             &["--data-dir", "/nonexistent/data"],
             "train-images-idx3-ubyte",
         ),
-        (&["--partition", "zipf"], "unknown partition 'zipf'"),
+        (&["--partition", "zipf"], "invalid value 'zipf'"),
         (&["--lr", "0"], "learning rate must be a positive number"),
         (
             &["--lr", "1e9", "--local-epochs", "1"],
@@ -343,7 +343,7 @@ fn fedmr_two_stage_and_fedindep_run_end_to_end() {
     let o = fl(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("unknown granularity 'neuron'"),
+        stderr(&o).contains("invalid value 'neuron' for '--granularity"),
         "{}",
         stderr(&o)
     );

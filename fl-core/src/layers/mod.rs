@@ -221,7 +221,7 @@ pub struct HostTensor {
     pub values: Vec<f32>,
 }
 
-/// The unit that [`recombine`] permutes across models.
+/// The unit that [`recombine()`] permutes across models.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "level", rename_all = "kebab-case")]
 pub enum Granularity {

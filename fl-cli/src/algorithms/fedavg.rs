@@ -1,0 +1,41 @@
+//! FedAvg's and FedIndep's settings.
+
+use clap::Args;
+use fl_core::strategy::FedMr;
+use fl_core::{FedAvg, Strategy};
+use serde::{Deserialize, Serialize};
+
+use super::{LabelCounts, Settings, defaults_from_flags};
+use crate::config::RunSettings;
+
+/// FedAvg's settings (its `[fedavg]` section).
+#[derive(Debug, Clone, PartialEq, Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FedAvgSettings {
+    /// Weight uploads by the clients' sample counts (`--unweighted`: equal weights).
+    #[arg(long = "unweighted", action = clap::ArgAction::SetFalse)]
+    pub weighted: bool,
+}
+
+/// FedIndep has no settings of its own.
+#[derive(Debug, Clone, PartialEq, Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FedIndepSettings {}
+
+defaults_from_flags!(FedAvgSettings, FedIndepSettings);
+
+impl Settings for FedAvgSettings {
+    fn strategy(&self, _: &RunSettings, _: LabelCounts<'_>) -> anyhow::Result<Box<dyn Strategy>> {
+        Ok(Box::new(if self.weighted {
+            FedAvg::weighted()
+        } else {
+            FedAvg::unweighted()
+        }))
+    }
+}
+
+impl Settings for FedIndepSettings {
+    fn strategy(&self, _: &RunSettings, _: LabelCounts<'_>) -> anyhow::Result<Box<dyn Strategy>> {
+        Ok(Box::new(FedMr::fedindep()))
+    }
+}

@@ -1,0 +1,268 @@
+//! pFedClub's settings, and its run set-up: the pooled split, the clients' zoo models and the
+//! server (the run itself goes through the engine like every other algorithm's).
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use fl_core::rng::{Purpose, derive_seed};
+use fl_core::strategy::pfedclub::cmsr::{Anchor, SearchRules};
+use fl_core::strategy::pfedclub::stitch::StitchTraining;
+use fl_core::strategy::pfedclub::{ClubConfig, Method, PFedClub, PublicData};
+use fl_core::{ClientModels, Simulation, Strategy};
+use fl_data::{FederatedDataset, Partition, PersonalSplit};
+use fl_models::{ModelZoo, ZooModel};
+use serde::{Deserialize, Serialize};
+
+use super::{LabelCounts, Settings, defaults_from_flags, parse_name};
+use crate::backend;
+use crate::config::{RunConfig, RunSettings};
+use crate::run::{prepare_out_dir, simulate, write_run_files};
+
+/// Which server algorithm a pFedClub run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Variant {
+    /// pFedClub: controllable search (order constraint, completion) and stitching.
+    Pfedclub,
+    /// pFedHR-style random reassembly (no order constraint, no completion, no size control).
+    Pfedhr,
+    /// FedAvg among the clients of each architecture.
+    Fedavg,
+    /// Local training only.
+    Local,
+}
+
+impl Variant {
+    /// The variant's name in run directories and summaries.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Pfedclub => "pfedclub",
+            Self::Pfedhr => "pfedhr",
+            Self::Fedavg => "fedavg-per-arch",
+            Self::Local => "local",
+        }
+    }
+}
+
+/// Whether the server's public data has labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Public {
+    /// Stitching layers are fine-tuned with cross-entropy.
+    Labeled,
+    /// Stitching layers are fine-tuned with NT-Xent on augmented views.
+    Unlabeled,
+}
+
+/// pFedClub's settings (its `[pfedclub]` section); the shared run settings set the data,
+/// clients, rounds and local training.
+#[derive(Debug, Clone, PartialEq, Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PfedclubSettings {
+    /// Model zoo: I (CNN1-4 + MobileNetV1-3), II (MobileNetV1-3), III (CNN1-4).
+    #[arg(long, default_value = "III")]
+    pub zoo: ModelZoo,
+    /// Server algorithm.
+    #[arg(long, value_enum, default_value = "pfedclub")]
+    pub variant: Variant,
+    /// Anchor rule: random (the paper), max or min similarity (ablations).
+    #[arg(long, value_parser = parse_name::<Anchor>, default_value = "random")]
+    pub anchor: Anchor,
+    /// Drop the order constraint (ablation).
+    #[arg(long)]
+    pub no_order: bool,
+    /// Drop block completion (ablation).
+    #[arg(long)]
+    pub no_completion: bool,
+    /// pFedClub+: keep only candidates with |w*| <= (1 + ETA)|w| (the paper used 0.1).
+    #[arg(long, value_name = "ETA")]
+    pub size_limit: Option<f64>,
+    /// Number of functional groups K.
+    #[arg(long, default_value_t = 4)]
+    pub groups: usize,
+    /// Candidates per client per round.
+    #[arg(long, default_value_t = 4)]
+    pub candidates: usize,
+    /// λ, the weight of the distillation term.
+    #[arg(long = "lambda", default_value_t = 0.2)]
+    pub distill_weight: f64,
+    /// Public data labeled (cross-entropy stitching) or unlabeled (NT-Xent, τ = 0.07).
+    #[arg(long, value_enum, default_value = "labeled")]
+    pub public: Public,
+    /// Fraction of all samples held by the server as public data.
+    #[arg(long, default_value_t = 0.08)]
+    pub public_fraction: f64,
+    /// Fraction of all samples that form the clients' test portions.
+    #[arg(long, default_value_t = 0.2)]
+    pub test_fraction: f64,
+    /// Use only this many public samples for stitching and matching (default: all).
+    #[arg(long, value_name = "N")]
+    pub public_samples: Option<usize>,
+    /// Public samples for CKA.
+    #[arg(long, default_value_t = 256)]
+    pub cka_samples: usize,
+    /// Use a random subset of this many samples of the pooled data (for quick studies).
+    #[arg(long, value_name = "N")]
+    pub max_samples: Option<usize>,
+    /// Epochs of stitching-layer fine-tuning.
+    #[arg(long, default_value_t = 1)]
+    pub stitch_epochs: usize,
+}
+
+defaults_from_flags!(PfedclubSettings);
+
+impl PfedclubSettings {
+    /// The server configuration these settings describe.
+    pub fn club(&self) -> ClubConfig {
+        let defaults = ClubConfig::default();
+        let (method, mut rules) = match self.variant {
+            Variant::Pfedclub => (Method::Reassembly, SearchRules::PFEDCLUB),
+            Variant::Pfedhr => (Method::Reassembly, SearchRules::PFEDHR),
+            Variant::Fedavg => (Method::FedavgPerArchitecture, SearchRules::PFEDCLUB),
+            Variant::Local => (Method::Local, SearchRules::PFEDCLUB),
+        };
+        rules.anchor = self.anchor;
+        rules.ordered &= !self.no_order;
+        rules.complete &= !self.no_completion;
+        ClubConfig {
+            method,
+            rules,
+            groups: self.groups,
+            candidates: self.candidates,
+            size_limit: self.size_limit,
+            distill_weight: self.distill_weight,
+            cka_samples: self.cka_samples,
+            public_samples: self.public_samples,
+            stitch: StitchTraining {
+                epochs: self.stitch_epochs,
+                labeled: self.public == Public::Labeled,
+                ..defaults.stitch
+            },
+        }
+    }
+}
+
+impl Settings for PfedclubSettings {
+    fn settle(&mut self, run: &mut RunSettings) {
+        run.model = format!("zoo-{:?}", self.zoo).to_lowercase();
+    }
+
+    /// The paper's setting: 50 clients, 5 per round, 10 local epochs of Adam at lr 0.001,
+    /// batch 64, 2 classes per client.
+    fn run_defaults(&self) -> toml::Table {
+        toml::toml! {
+            clients = 50
+            sample = 5
+            local_epochs = 10
+            lr = 0.001
+            batch_size = 64
+            partition = "pathological"
+            classes_per_client = 2
+        }
+    }
+
+    fn strategy(&self, _: &RunSettings, _: LabelCounts<'_>) -> anyhow::Result<Box<dyn Strategy>> {
+        bail!("pfedclub is set up with its clients' models (see run_one)")
+    }
+
+    fn check(&self, _: &RunSettings) -> anyhow::Result<()> {
+        if matches!(self.max_samples, Some(n) if n < 2) {
+            bail!("--max-samples must be at least 2");
+        }
+        self.club().validate().map_err(anyhow::Error::msg)
+    }
+}
+
+/// One pFedClub run on the engine (new, or continued with `resume`): pools the training and
+/// test sets, splits them among clients and the server's public set (pFedClub's 72/20/8),
+/// builds each client's zoo model and pFedClub's server.
+pub fn run_one(
+    cfg: &RunConfig,
+    setup: &PfedclubSettings,
+    data: &FederatedDataset,
+    resume: bool,
+    quiet: bool,
+) -> anyhow::Result<()> {
+    let run = &cfg.run;
+    let mut pooled = data.train.concat(&data.test)?;
+    if let Some(max) = setup.max_samples
+        && max < pooled.len()
+    {
+        use rand::SeedableRng;
+        use rand::seq::SliceRandom;
+        let mut rng =
+            rand_chacha::ChaCha8Rng::seed_from_u64(derive_seed(run.seed, Purpose::Partition, 0, 1));
+        let mut keep: Vec<usize> = (0..pooled.len()).collect();
+        keep.shuffle(&mut rng);
+        keep.truncate(max);
+        keep.sort_unstable();
+        pooled = pooled.subset(&keep);
+    }
+    let split = PersonalSplit::new(
+        &run.partition_scheme()?
+            .context("pFedClub draws its own split; --partition natural does not apply")?,
+        pooled.labels(),
+        pooled.num_classes(),
+        run.clients,
+        setup.public_fraction,
+        setup.test_fraction,
+        run.seed,
+    )?;
+    let kinds = setup.zoo.assign(run.clients);
+    // The engine trains on the clients' training portions and evaluates each client on its
+    // own test portion, both indices into the pooled samples.
+    let personal = FederatedDataset {
+        train: pooled.clone(),
+        test: pooled.clone(),
+        natural_clients: None,
+        ..data.clone()
+    };
+    let partition = Partition {
+        clients: split.train.clone(),
+    };
+    let out = prepare_out_dir(cfg, resume)?;
+    if !resume {
+        let mut extra = serde_json::Map::new();
+        extra.insert("pooled_samples".into(), pooled.len().into());
+        extra.insert(
+            "architectures".into(),
+            kinds.iter().map(|k| k.name()).collect::<Vec<_>>().into(),
+        );
+        write_run_files(cfg, &out, &personal, &partition, extra)?;
+        let path = out.join("split.json");
+        std::fs::write(&path, serde_json::to_string(&split).expect("json"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+
+    let ad = backend::device().autodiff();
+    let (shape, classes) = (pooled.image_shape(), pooled.num_classes());
+    let build = |client: usize| {
+        ZooModel::new(kinds[client], shape, classes, &ad).expect("zoo architectures only")
+    };
+    let mut strategy = PFedClub::new(
+        setup.club(),
+        &build,
+        PublicData {
+            data: &pooled,
+            normalization: &data.normalization,
+            samples: &split.public,
+        },
+        run.clients,
+        run.seed,
+        run.eval_batch_size,
+    )?;
+    let mut engine = run.engine();
+    engine.train.optimizer = fl_core::trainer::LocalOptimizer::Adam;
+    let sim = Simulation {
+        model: build(0),
+        data: &personal,
+        partition: &partition,
+        config: engine,
+        out_dir: Some(out),
+        objective: None,
+        clients: Some(ClientModels {
+            build: &build,
+            tests: &split.test,
+        }),
+    };
+    simulate(&sim, cfg, resume, quiet, &mut strategy)
+}
