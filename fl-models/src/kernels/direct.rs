@@ -40,7 +40,7 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
             && oh > 0
             && ow > 0
             && 2 * wide_len(g) <= 3 * oh * ow
-            && std::is_x86_feature_detected!("avx512f")
+            && super::isa::uses(super::isa::Isa::Avx512)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

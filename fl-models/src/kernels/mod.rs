@@ -23,6 +23,9 @@ pub(crate) mod cpu;
 mod direct;
 #[cfg(feature = "flex")]
 mod flex;
+mod isa;
+
+pub use isa::{Isa, set_max_isa};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -1,0 +1,518 @@
+//! The CPU kernels themselves, on plain `f32` slices in NCHW layout.
+//!
+//! Stride-1 convolutions go to the direct AVX-512 kernels of `direct.rs` where the CPU has
+//! AVX-512F (and [`super::isa`] allows it). Every other convolution is im2col + one gemm per sample, written straight into (or read straight from) the
+//! NCHW tensor, so nothing is converted to channels-last and no batch-sized column matrix is ever
+//! built. Samples run in parallel on the rayon pool; the weight gradient sums fixed chunks of
+//! samples and adds the chunk sums in order, so results do not depend on the thread count.
+
+use rayon::prelude::*;
+
+mod norm;
+mod pool;
+#[cfg(test)]
+mod tests;
+
+pub use norm::{NormGeometry, batch_norm_train_backward, batch_norm_train_forward};
+pub use pool::{PoolGeometry, max_pool2d_backward, max_pool2d_forward};
+
+/// Samples per partial sum of the weight gradient (fixed, so the summation order, and hence the
+/// result, is the same with any number of threads).
+const WEIGHT_GRAD_CHUNK: usize = 8;
+
+/// Shapes and options of one 2-D convolution (groups 1, dilation 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dGeometry {
+    /// Batch size.
+    pub batch: usize,
+    /// Input channels.
+    pub c_in: usize,
+    /// Input height and width.
+    pub input: [usize; 2],
+    /// Output channels.
+    pub c_out: usize,
+    /// Kernel height and width.
+    pub kernel: [usize; 2],
+    /// Stride along height and width.
+    pub stride: [usize; 2],
+    /// Zero padding before the first row and column (the padding after only shortens or lengthens
+    /// the output, which `output` already says).
+    pub pad_begin: [usize; 2],
+    /// Output height and width.
+    pub output: [usize; 2],
+}
+
+impl Conv2dGeometry {
+    fn in_plane(&self) -> usize {
+        self.input[0] * self.input[1]
+    }
+    pub(super) fn out_plane(&self) -> usize {
+        self.output[0] * self.output[1]
+    }
+    /// Rows of the column matrix: one per (input channel, kernel row, kernel column).
+    fn col_rows(&self) -> usize {
+        self.c_in * self.kernel[0] * self.kernel[1]
+    }
+    /// A 1×1 convolution with stride 1 and no padding needs no column matrix at all.
+    fn is_pointwise(&self) -> bool {
+        self.kernel == [1, 1] && self.stride == [1, 1] && self.pad_begin == [0, 0]
+    }
+    /// Input elements per sample.
+    pub fn input_len(&self) -> usize {
+        self.c_in * self.in_plane()
+    }
+    /// Output elements per sample.
+    pub fn output_len(&self) -> usize {
+        self.c_out * self.out_plane()
+    }
+    /// Weight elements.
+    pub fn weight_len(&self) -> usize {
+        self.c_out * self.col_rows()
+    }
+
+    /// The output columns `[lo, hi)` whose input column `ox * stride + kx - pad` is inside the
+    /// image, for kernel column `kx`.
+    fn valid_columns(&self, kx: usize) -> (usize, usize) {
+        let (w, sw, pw, ow) = (
+            self.input[1],
+            self.stride[1],
+            self.pad_begin[1],
+            self.output[1],
+        );
+        let lo = (pw.saturating_sub(kx)).div_ceil(sw).min(ow);
+        // Largest ox with ox * sw + kx - pw <= w - 1.
+        let hi = if w + pw > kx {
+            ((w + pw - kx - 1) / sw + 1).min(ow)
+        } else {
+            0
+        };
+        (lo, hi.max(lo))
+    }
+}
+
+/// `dst.copy_from_slice(src)` for the short rows of small feature maps: whole 8-float blocks
+/// compile to single vector moves instead of a `memcpy` call per row.
+#[inline(always)]
+fn copy_short(dst: &mut [f32], src: &[f32]) {
+    let mut d = dst.chunks_exact_mut(8);
+    let mut s = src.chunks_exact(8);
+    for (d, s) in (&mut d).zip(&mut s) {
+        let block: [f32; 8] = s.try_into().expect("8-float block");
+        d.copy_from_slice(&block);
+    }
+    for (d, s) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d = *s;
+    }
+}
+
+/// `Σ values`, in eight interleaved partial sums (so it vectorises; the order is fixed).
+#[inline]
+pub(super) fn sum(values: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let chunks = values.chunks_exact(8);
+    let rest: f32 = chunks.remainder().iter().sum();
+    for chunk in chunks {
+        for (l, v) in lanes.iter_mut().zip(chunk) {
+            *l += v;
+        }
+    }
+    lanes.iter().sum::<f32>() + rest
+}
+
+/// Calls `$generic` compiled for AVX2 when the kernels may use it ([`super::isa`]) (the copy loops of im2col and col2im
+/// move whole 256-bit registers then), and as compiled for the baseline target otherwise.
+macro_rules! avx2_dispatch {
+    ($(#[$doc:meta])* fn $name:ident => $generic:ident($($arg:ident: $ty:ty),*)) => {
+        $(#[$doc])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) {
+                    $generic($($arg),*)
+                }
+                if $crate::kernels::isa::uses($crate::kernels::isa::Isa::Avx2) {
+                    // SAFETY: the CPU supports AVX2 (`uses` never exceeds the detected tier).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $generic($($arg),*)
+        }
+    };
+}
+
+avx2_dispatch! {
+    /// Copies one sample's receptive fields into `col` (`col_rows × out_plane`, row-major).
+    fn im2col => im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32])
+}
+
+avx2_dispatch! {
+    /// Adds the column matrix `col` back onto one sample's input gradient (the adjoint of
+    /// [`im2col`]).
+    fn col2im_add => col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32])
+}
+
+#[inline(always)]
+fn im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32]) {
+    let [h, w] = g.input;
+    let [kh, kw] = g.kernel;
+    let [sh, sw] = g.stride;
+    let [ph, pw] = g.pad_begin;
+    let [oh, ow] = g.output;
+    let out_plane = g.out_plane();
+    for c in 0..g.c_in {
+        let plane = &x[c * h * w..(c + 1) * h * w];
+        for ky in 0..kh {
+            for kx in 0..kw {
+                let row = &mut col[((c * kh + ky) * kw + kx) * out_plane..][..out_plane];
+                let (lo, hi) = g.valid_columns(kx);
+                for oy in 0..oh {
+                    let dst = &mut row[oy * ow..(oy + 1) * ow];
+                    let iy = (oy * sh + ky).wrapping_sub(ph);
+                    if iy >= h {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[iy * w..(iy + 1) * w];
+                    dst[..lo].fill(0.0);
+                    dst[hi..].fill(0.0);
+                    if sw == 1 {
+                        let start = lo + kx - pw;
+                        copy_short(&mut dst[lo..hi], &src[start..start + (hi - lo)]);
+                    } else {
+                        for (ox, d) in dst[lo..hi].iter_mut().enumerate() {
+                            *d = src[(lo + ox) * sw + kx - pw];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32]) {
+    let [h, w] = g.input;
+    let [kh, kw] = g.kernel;
+    let [sh, sw] = g.stride;
+    let [ph, pw] = g.pad_begin;
+    let [oh, ow] = g.output;
+    let out_plane = g.out_plane();
+    for c in 0..g.c_in {
+        let plane = &mut dx[c * h * w..(c + 1) * h * w];
+        for ky in 0..kh {
+            for kx in 0..kw {
+                let row = &col[((c * kh + ky) * kw + kx) * out_plane..][..out_plane];
+                let (lo, hi) = g.valid_columns(kx);
+                for oy in 0..oh {
+                    let iy = (oy * sh + ky).wrapping_sub(ph);
+                    if iy >= h {
+                        continue;
+                    }
+                    let src = &row[oy * ow..(oy + 1) * ow];
+                    let dst = &mut plane[iy * w..(iy + 1) * w];
+                    if sw == 1 {
+                        let start = lo + kx - pw;
+                        for (d, s) in dst[start..start + (hi - lo)].iter_mut().zip(&src[lo..hi]) {
+                            *d += s;
+                        }
+                    } else {
+                        for ox in lo..hi {
+                            dst[ox * sw + kx - pw] += src[ox];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `dst (m×n) = [dst +] lhs (m×k) · rhs (k×n)`, each matrix given as (slice, row stride, column
+/// stride), so transposes are free. Single-threaded: callers parallelise over samples.
+///
+/// gemm wants the output's contiguous dimension to be m and the left operand contiguous along m
+/// too, and otherwise packs (copies) it; callers orient their products so that the large
+/// operand (the column matrix) never needs packing.
+fn matmul(
+    [m, n, k]: [usize; 3],
+    (dst, dst_rs, dst_cs): (&mut [f32], usize, usize),
+    accumulate: bool,
+    (lhs, lhs_rs, lhs_cs): (&[f32], usize, usize),
+    (rhs, rhs_rs, rhs_cs): (&[f32], usize, usize),
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    dst[i * dst_rs + j * dst_cs] = 0.0;
+                }
+            }
+        }
+        return;
+    }
+    // The largest element each operand's strides reach must lie inside its slice: this is the
+    // whole safety argument for the raw-pointer call below.
+    assert!(
+        (m - 1) * dst_rs + (n - 1) * dst_cs < dst.len(),
+        "matmul: dst too short"
+    );
+    assert!(
+        (m - 1) * lhs_rs + (k - 1) * lhs_cs < lhs.len(),
+        "matmul: lhs too short"
+    );
+    assert!(
+        (k - 1) * rhs_rs + (n - 1) * rhs_cs < rhs.len(),
+        "matmul: rhs too short"
+    );
+    // SAFETY: the asserts above bound every index gemm computes from these strides; `dst` is an
+    // exclusive borrow, and the operands are shared borrows that do not alias it.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            dst_cs as isize,
+            dst_rs as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+impl Conv2dGeometry {
+    /// Whether to accumulate the weight gradient transposed (`[rows, c_out]`, column-major).
+    /// gemm wants its output contiguous along m and its left operand too: in the weight
+    /// gradient `dy · colsᵀ` neither is, so it packs one of them. Transposed, it packs the small
+    /// `dy` rather than the column matrix, but then m = c_out, and fewer output channels than a
+    /// 16-float register leave the multiply-add units idle; small layers keep the plain order.
+    fn transposed_weight_grad(&self) -> bool {
+        self.c_out >= 16
+    }
+
+    /// A scratch column matrix for one sample (empty for pointwise convolutions, which read the
+    /// input directly).
+    fn col_buffer(&self) -> Vec<f32> {
+        let len = if self.is_pointwise() {
+            0
+        } else {
+            self.col_rows() * self.out_plane()
+        };
+        vec![0.0; len]
+    }
+}
+
+/// Forward convolution: `y[n] = W · im2col(x[n]) + b`. `x` is `[batch, c_in, h, w]`, `weight`
+/// `[c_out, c_in, kh, kw]`, the result `[batch, c_out, oh, ow]`.
+pub fn conv2d_forward(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    if g.batch > 0 && g.input_len() > 0 && super::direct::applies(g) {
+        return super::direct::conv2d_forward(g, x, weight, bias);
+    }
+    im2col_conv2d_forward(g, x, weight, bias)
+}
+
+/// [`conv2d_forward`] by im2col + gemm.
+fn im2col_conv2d_forward(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    let mut y = vec![0.0f32; g.batch * g.output_len()];
+    if g.output_len() == 0 || g.input_len() == 0 {
+        return y;
+    }
+    y.par_chunks_mut(g.output_len())
+        .zip(x.par_chunks(g.input_len()))
+        .for_each_init(
+            || g.col_buffer(),
+            |col, (y_n, x_n)| forward_sample(g, x_n, weight, bias, col, y_n),
+        );
+    y
+}
+
+#[inline(never)]
+fn forward_sample(
+    g: &Conv2dGeometry,
+    x_n: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    col: &mut [f32],
+    y_n: &mut [f32],
+) {
+    let (rows, out_plane) = (g.col_rows(), g.out_plane());
+    if let Some(bias) = bias {
+        for (plane, &b) in y_n.chunks_mut(out_plane).zip(bias) {
+            plane.fill(b);
+        }
+    }
+    let cols: &[f32] = if g.is_pointwise() {
+        x_n
+    } else {
+        im2col(g, x_n, col);
+        col
+    };
+    matmul(
+        [g.c_out, out_plane, rows],
+        (y_n, out_plane, 1),
+        bias.is_some(),
+        (weight, rows, 1),
+        (cols, out_plane, 1),
+    );
+}
+
+/// Input gradient: `dx[n] = col2im(Wᵀ · dy[n])`.
+pub fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    if g.batch > 0 && g.input_len() > 0 && super::direct::applies(g) {
+        return super::direct::conv2d_input_grad(g, weight, dy);
+    }
+    im2col_conv2d_input_grad(g, weight, dy)
+}
+
+/// [`conv2d_input_grad`] by gemm + col2im.
+fn im2col_conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    let mut dx = vec![0.0f32; g.batch * g.input_len()];
+    if g.input_len() == 0 || g.output_len() == 0 {
+        return dx;
+    }
+    dx.par_chunks_mut(g.input_len())
+        .zip(dy.par_chunks(g.output_len()))
+        .for_each_init(
+            || g.col_buffer(),
+            |col, (dx_n, dy_n)| input_grad_sample(g, weight, dy_n, col, dx_n),
+        );
+    dx
+}
+
+#[inline(never)]
+fn input_grad_sample(
+    g: &Conv2dGeometry,
+    weight: &[f32],
+    dy_n: &[f32],
+    col: &mut [f32],
+    dx_n: &mut [f32],
+) {
+    let (rows, out_plane) = (g.col_rows(), g.out_plane());
+    // Wᵀ is W read with swapped strides; a pointwise convolution's columns are the input itself.
+    let pointwise = g.is_pointwise();
+    let dst = if pointwise { &mut *dx_n } else { &mut *col };
+    matmul(
+        [rows, out_plane, g.c_out],
+        (dst, out_plane, 1),
+        false,
+        (weight, 1, rows),
+        (dy_n, out_plane, 1),
+    );
+    if !pointwise {
+        col2im_add(g, col, dx_n);
+    }
+}
+
+/// Weight and bias gradients: `dW = Σₙ dy[n] · im2col(x[n])ᵀ`, `db = Σₙ Σ_pixels dy[n]`.
+pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    if g.batch == 0 || g.output_len() == 0 || g.input_len() == 0 {
+        return (vec![0.0; g.weight_len()], vec![0.0; g.c_out]);
+    }
+    if super::direct::applies(g) {
+        return super::direct::conv2d_weight_grad(g, x, dy);
+    }
+    im2col_conv2d_weight_grad(g, x, dy)
+}
+
+/// Weight and bias gradients summed over the batch deterministically: `chunk` computes the
+/// partial sums of fixed runs of [`WEIGHT_GRAD_CHUNK`] samples (in parallel), which are then
+/// added in order, so the result does not depend on the thread count.
+pub(super) fn sum_over_chunks<F>(batch: usize, chunk: F) -> (Vec<f32>, Vec<f32>)
+where
+    F: Fn(std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) + Sync,
+{
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = (0..batch.div_ceil(WEIGHT_GRAD_CHUNK))
+        .into_par_iter()
+        .map(|c| chunk(c * WEIGHT_GRAD_CHUNK..((c + 1) * WEIGHT_GRAD_CHUNK).min(batch)))
+        .collect();
+    let mut parts = partials.into_iter();
+    let (mut dw, mut db) = parts.next().expect("at least one chunk");
+    for (pw, pb) in parts {
+        dw.iter_mut().zip(&pw).for_each(|(a, b)| *a += b);
+        db.iter_mut().zip(&pb).for_each(|(a, b)| *a += b);
+    }
+    (dw, db)
+}
+
+/// [`conv2d_weight_grad`] by im2col + gemm.
+fn im2col_conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (dw_t, db) = sum_over_chunks(g.batch, |samples| weight_grad_chunk(g, x, dy, samples));
+    if !g.transposed_weight_grad() {
+        return (dw_t, db);
+    }
+    // Back from [rows, c_out] to the weight's [c_out, rows].
+    let rows = g.col_rows();
+    let mut dw = vec![0.0f32; g.weight_len()];
+    for (r, grads) in dw_t.chunks_exact(g.c_out).enumerate() {
+        for (o, v) in grads.iter().enumerate() {
+            dw[o * rows + r] = *v;
+        }
+    }
+    (dw, db)
+}
+
+/// The weight and bias gradients of some consecutive samples.
+#[inline(never)]
+fn weight_grad_chunk(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    dy: &[f32],
+    samples: std::ops::Range<usize>,
+) -> (Vec<f32>, Vec<f32>) {
+    let (rows, out_plane) = (g.col_rows(), g.out_plane());
+    let mut dw_t = vec![0.0f32; g.weight_len()];
+    let mut db = vec![0.0f32; g.c_out];
+    let mut col = g.col_buffer();
+    let first = samples.start;
+    for n in samples {
+        let x_n = &x[n * g.input_len()..(n + 1) * g.input_len()];
+        let dy_n = &dy[n * g.output_len()..(n + 1) * g.output_len()];
+        let cols: &[f32] = if g.is_pointwise() {
+            x_n
+        } else {
+            im2col(g, x_n, &mut col);
+            &col
+        };
+        // colsᵀ is cols read with swapped strides.
+        let dst = if g.transposed_weight_grad() {
+            (&mut dw_t[..], 1, g.c_out)
+        } else {
+            (&mut dw_t[..], rows, 1)
+        };
+        matmul(
+            [g.c_out, rows, out_plane],
+            dst,
+            n > first,
+            (dy_n, out_plane, 1),
+            (cols, 1, out_plane),
+        );
+        for (b, plane) in db.iter_mut().zip(dy_n.chunks(out_plane)) {
+            *b += sum(plane);
+        }
+    }
+    (dw_t, db)
+}

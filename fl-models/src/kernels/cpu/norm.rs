@@ -1,0 +1,165 @@
+//! Training-mode batch normalisation forward and backward.
+
+use rayon::prelude::*;
+
+use super::sum;
+
+/// Shapes of one batch normalisation over `[batch, channels, plane]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NormGeometry {
+    /// Batch size.
+    pub batch: usize,
+    /// Channels (one mean and variance each).
+    pub channels: usize,
+    /// Elements per channel per sample (height × width).
+    pub plane: usize,
+}
+
+impl NormGeometry {
+    /// The planes of channel `c`, one per sample.
+    fn planes<'a>(&self, data: &'a [f32], c: usize) -> impl Iterator<Item = &'a [f32]> {
+        (0..self.batch).map(move |n| &data[(n * self.channels + c) * self.plane..][..self.plane])
+    }
+
+    fn count(&self) -> f64 {
+        (self.batch * self.plane) as f64
+    }
+}
+
+/// `Σ a·(b − shift)`, in eight interleaved partial sums.
+#[inline]
+fn dot_centred(a: &[f32], b: &[f32], shift: f32) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let rest: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * (y - shift))
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * (y[i] - shift);
+        }
+    }
+    lanes.iter().sum::<f32>() + rest
+}
+
+/// Batch normalisation with batch statistics: `y = γ (x − μ) / √(σ² + ε) + β` per channel,
+/// returning `(y, μ, σ²)` with the biased variance (what Burn feeds its running statistics).
+/// Channel statistics are summed per plane in `f32` and across planes in `f64`, in a fixed order.
+pub fn batch_norm_train_forward(
+    g: &NormGeometry,
+    x: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    epsilon: f64,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let stats: Vec<(f32, f32)> = (0..g.channels)
+        .into_par_iter()
+        .map(|c| {
+            let mean = g.planes(x, c).map(|p| sum(p) as f64).sum::<f64>() / g.count();
+            let m = mean as f32;
+            let var = g
+                .planes(x, c)
+                .map(|p| {
+                    let centred = |v: &f32| v - m;
+                    let mut lanes = [0.0f32; 8];
+                    let chunks = p.chunks_exact(8);
+                    let rest: f32 = chunks.remainder().iter().map(|v| centred(v).powi(2)).sum();
+                    for chunk in chunks {
+                        for i in 0..8 {
+                            lanes[i] += centred(&chunk[i]).powi(2);
+                        }
+                    }
+                    (lanes.iter().sum::<f32>() + rest) as f64
+                })
+                .sum::<f64>()
+                / g.count();
+            (m, var as f32)
+        })
+        .collect();
+    // y = a·x + b with a = γ/√(σ²+ε), b = β − μ·a.
+    let affine: Vec<(f32, f32)> = stats
+        .iter()
+        .zip(gamma.iter().zip(beta))
+        .map(|(&(m, v), (&gm, &bt))| {
+            let a = (gm as f64 / (v as f64 + epsilon).sqrt()) as f32;
+            (a, bt - m * a)
+        })
+        .collect();
+    let mut y = vec![0.0f32; x.len()];
+    if g.plane > 0 {
+        y.par_chunks_mut(g.plane)
+            .zip(x.par_chunks(g.plane))
+            .enumerate()
+            .for_each(|(i, (y_p, x_p))| {
+                let (a, b) = affine[i % g.channels];
+                for (o, v) in y_p.iter_mut().zip(x_p) {
+                    *o = a * v + b;
+                }
+            });
+    }
+    let (mean, var) = stats.into_iter().unzip();
+    (y, mean, var)
+}
+
+/// Gradients of [`batch_norm_train_forward`] with respect to `x`, `γ` and `β`, given the
+/// statistics it returned: with x̂ = (x − μ)/√(σ²+ε) and M elements per channel,
+/// `dβ = Σ dy`, `dγ = Σ dy·x̂`, `dx = γ/√(σ²+ε) · (dy − dβ/M − x̂·dγ/M)`.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_train_backward(
+    g: &NormGeometry,
+    x: &[f32],
+    gamma: &[f32],
+    mean: &[f32],
+    var: &[f32],
+    epsilon: f64,
+    dy: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let inv_std: Vec<f64> = var
+        .iter()
+        .map(|&v| 1.0 / (v as f64 + epsilon).sqrt())
+        .collect();
+    // Per channel: Σ dy and Σ dy·(x − μ).
+    let sums: Vec<(f64, f64)> = (0..g.channels)
+        .into_par_iter()
+        .map(|c| {
+            let sum_dy: f64 = g.planes(dy, c).map(|p| sum(p) as f64).sum();
+            let sum_dy_centred: f64 = g
+                .planes(dy, c)
+                .zip(g.planes(x, c))
+                .map(|(d, v)| dot_centred(d, v, mean[c]) as f64)
+                .sum();
+            (sum_dy, sum_dy_centred)
+        })
+        .collect();
+    let mut d_gamma = vec![0.0f32; g.channels];
+    let mut d_beta = vec![0.0f32; g.channels];
+    // dx = k·dy + c1·x + c0 per channel.
+    let mut coefficients = Vec::with_capacity(g.channels);
+    for c in 0..g.channels {
+        let (sum_dy, sum_dy_centred) = sums[c];
+        let m = mean[c] as f64;
+        let sum_dy_xhat = sum_dy_centred * inv_std[c];
+        d_beta[c] = sum_dy as f32;
+        d_gamma[c] = sum_dy_xhat as f32;
+        let k = gamma[c] as f64 * inv_std[c];
+        let c1 = -k * inv_std[c] * sum_dy_xhat / g.count();
+        let c0 = -k * sum_dy / g.count() - c1 * m;
+        coefficients.push((k as f32, c1 as f32, c0 as f32));
+    }
+    let mut dx = vec![0.0f32; x.len()];
+    if g.plane > 0 {
+        dx.par_chunks_mut(g.plane)
+            .zip(x.par_chunks(g.plane).zip(dy.par_chunks(g.plane)))
+            .enumerate()
+            .for_each(|(i, (dx_p, (x_p, dy_p)))| {
+                let (k, c1, c0) = coefficients[i % g.channels];
+                for ((o, v), d) in dx_p.iter_mut().zip(x_p).zip(dy_p) {
+                    *o = k * d + c1 * v + c0;
+                }
+            });
+    }
+    (dx, d_gamma, d_beta)
+}

@@ -1,0 +1,239 @@
+//! Max-pooling (no padding, no dilation, floor mode) forward and backward.
+
+use rayon::prelude::*;
+
+/// Shapes and options of one max-pooling (no padding, no dilation, floor mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolGeometry {
+    /// Batch × channels: the number of independent planes.
+    pub planes: usize,
+    /// Input height and width.
+    pub input: [usize; 2],
+    /// Window height and width.
+    pub kernel: [usize; 2],
+    /// Stride along height and width.
+    pub stride: [usize; 2],
+    /// Output height and width.
+    pub output: [usize; 2],
+}
+
+impl PoolGeometry {
+    /// The offset (within the plane) of the maximum of window `(oy, ox)`: the first maximum in
+    /// row-major order, or the first NaN (which max-pooling propagates).
+    #[inline]
+    pub(super) fn argmax(&self, plane: &[f32], oy: usize, ox: usize) -> usize {
+        let w = self.input[1];
+        let (y0, x0) = (oy * self.stride[0], ox * self.stride[1]);
+        let mut best = y0 * w + x0;
+        let mut best_val = plane[best];
+        if best_val.is_nan() {
+            return best;
+        }
+        for ky in 0..self.kernel[0] {
+            let row = (y0 + ky) * w + x0;
+            for kx in 0..self.kernel[1] {
+                let v = plane[row + kx];
+                if v > best_val || v.is_nan() {
+                    best = row + kx;
+                    best_val = v;
+                    if v.is_nan() {
+                        return best;
+                    }
+                }
+            }
+        }
+        best
+    }
+}
+
+/// Whether a plane holds a NaN (a branch-free fold, so it vectorises).
+fn has_nan(plane: &[f32]) -> bool {
+    plane.iter().fold(false, |acc, v| acc | v.is_nan())
+}
+
+/// Max-pooling forward.
+pub fn max_pool2d_forward(g: &PoolGeometry, x: &[f32]) -> Vec<f32> {
+    let in_plane = g.input[0] * g.input[1];
+    let [oh, ow] = g.output;
+    let mut y = vec![0.0f32; g.planes * oh * ow];
+    if oh * ow == 0 || in_plane == 0 {
+        return y;
+    }
+    let pair = g.kernel == [2, 2] && g.stride == [2, 2];
+    y.par_chunks_mut(oh * ow)
+        .zip(x.par_chunks(in_plane))
+        .for_each(|(y_p, x_p)| pool_forward_plane(g, pair, x_p, y_p));
+    y
+}
+
+#[inline(never)]
+fn pool_forward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], y_p: &mut [f32]) {
+    let (w, ow) = (g.input[1], g.output[1]);
+    if pair && !has_nan(x_p) {
+        // The common 2×2/2 case on NaN-free data: plain comparisons, no index bookkeeping.
+        for (oy, out) in y_p.chunks_exact_mut(ow).enumerate() {
+            let (r0, r1) = (&x_p[2 * oy * w..], &x_p[(2 * oy + 1) * w..]);
+            for (ox, o) in out.iter_mut().enumerate() {
+                let top = if r0[2 * ox + 1] > r0[2 * ox] {
+                    r0[2 * ox + 1]
+                } else {
+                    r0[2 * ox]
+                };
+                let bottom = if r1[2 * ox + 1] > r1[2 * ox] {
+                    r1[2 * ox + 1]
+                } else {
+                    r1[2 * ox]
+                };
+                *o = if bottom > top { bottom } else { top };
+            }
+        }
+        return;
+    }
+    for (oy, out) in y_p.chunks_exact_mut(ow).enumerate() {
+        for (ox, o) in out.iter_mut().enumerate() {
+            *o = x_p[g.argmax(x_p, oy, ox)];
+        }
+    }
+}
+
+/// Max-pooling backward: each output's gradient goes to its window's maximum.
+pub fn max_pool2d_backward(g: &PoolGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    let in_plane = g.input[0] * g.input[1];
+    let [oh, ow] = g.output;
+    let mut dx = vec![0.0f32; g.planes * in_plane];
+    if oh * ow == 0 || in_plane == 0 {
+        return dx;
+    }
+    let pair = g.kernel == [2, 2] && g.stride == [2, 2];
+    dx.par_chunks_mut(in_plane)
+        .zip(x.par_chunks(in_plane).zip(dy.par_chunks(oh * ow)))
+        .for_each(|(dx_p, (x_p, dy_p))| pool_backward_plane(g, pair, x_p, dy_p, dx_p));
+    dx
+}
+
+#[inline(never)]
+fn pool_backward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], dy_p: &[f32], dx_p: &mut [f32]) {
+    let (w, [oh, ow]) = (g.input[1], g.output);
+    let fast = pair && !has_nan(x_p);
+    #[cfg(target_arch = "x86_64")]
+    if fast && crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx512) {
+        // SAFETY: AVX-512F is present (`uses` never exceeds the detected tier); the function checks the slice lengths it relies on.
+        unsafe { avx512_pool::backward_2x2(w, g.output, x_p, dy_p, dx_p) };
+        return;
+    }
+    if fast {
+        // Windows do not overlap: each input gets its window's gradient or zero, chosen with
+        // comparisons and selects (no data-dependent branches or indices).
+        for (oy, grads) in dy_p.chunks_exact(ow).enumerate() {
+            let (x0, x1) = (
+                &x_p[2 * oy * w..][..2 * ow],
+                &x_p[(2 * oy + 1) * w..][..2 * ow],
+            );
+            let (top, bottom) = dx_p[2 * oy * w..].split_at_mut(w);
+            let (d0, d1) = (&mut top[..2 * ow], &mut bottom[..2 * ow]);
+            for (ox, &grad) in grads.iter().enumerate() {
+                let (i, j) = (2 * ox, 2 * ox + 1);
+                let (a, b, c, d) = (x0[i], x0[j], x1[i], x1[j]);
+                let top = if b > a { b } else { a };
+                let bottom = if d > c { d } else { c };
+                let max = if bottom > top { bottom } else { top };
+                // The first maximum in row-major order takes the gradient; masks, not branches.
+                let at_a = (a == max) as u32;
+                let at_b = (b == max) as u32 & !at_a;
+                let at_c = (c == max) as u32 & !(at_a | at_b);
+                let at_d = 1 & !(at_a | at_b | at_c);
+                let g = grad.to_bits();
+                d0[i] = f32::from_bits(g & at_a.wrapping_neg());
+                d0[j] = f32::from_bits(g & at_b.wrapping_neg());
+                d1[i] = f32::from_bits(g & at_c.wrapping_neg());
+                d1[j] = f32::from_bits(g & at_d.wrapping_neg());
+            }
+        }
+        return;
+    }
+    for oy in 0..oh {
+        for ox in 0..ow {
+            dx_p[g.argmax(x_p, oy, ox)] += dy_p[oy * ow + ox];
+        }
+    }
+}
+
+/// The 2×2, stride-2 max-pool backward pass on NaN-free planes, 16 windows per step.
+#[cfg(target_arch = "x86_64")]
+mod avx512_pool {
+    use std::arch::x86_64::*;
+
+    /// `dx` of one plane (row width `w`, `[oh, ow]` windows; `dx` zero on entry): each window's
+    /// gradient goes to its first maximum in row-major order, the other three get zero.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn backward_2x2(
+        w: usize,
+        [oh, ow]: [usize; 2],
+        x: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+    ) {
+        assert!(2 * ow <= w && x.len() >= 2 * oh * w && dx.len() >= 2 * oh * w);
+        assert!(dy.len() >= oh * ow);
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        let high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        let bits = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
+        // SAFETY: every access below is masked to the `2·ow` floats of a row pair, or the `ow`
+        // gradients of a window row, which the asserts above keep inside the slices.
+        unsafe {
+            for oy in 0..oh {
+                for ox in (0..ow).step_by(16) {
+                    let n = (ow - ox).min(16);
+                    let (lo, hi) = (bits(2 * n), bits((2 * n).saturating_sub(16)));
+                    let r0 = x.as_ptr().add(2 * oy * w + 2 * ox);
+                    let r1 = r0.add(w);
+                    let (t0, t1) = (
+                        _mm512_maskz_loadu_ps(lo, r0),
+                        _mm512_maskz_loadu_ps(hi, r0.wrapping_add(16)),
+                    );
+                    let (b0, b1) = (
+                        _mm512_maskz_loadu_ps(lo, r1),
+                        _mm512_maskz_loadu_ps(hi, r1.wrapping_add(16)),
+                    );
+                    let a = _mm512_permutex2var_ps(t0, even, t1);
+                    let b = _mm512_permutex2var_ps(t0, odd, t1);
+                    let c = _mm512_permutex2var_ps(b0, even, b1);
+                    let d = _mm512_permutex2var_ps(b0, odd, b1);
+                    let max = _mm512_max_ps(_mm512_max_ps(a, b), _mm512_max_ps(c, d));
+                    let at_a = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, max);
+                    let at_b = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(b, max) & !at_a;
+                    let at_c = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(c, max) & !(at_a | at_b);
+                    let at_d = !(at_a | at_b | at_c);
+                    let grad = _mm512_maskz_loadu_ps(bits(n), dy.as_ptr().add(oy * ow + ox));
+                    let (ga, gb) = (
+                        _mm512_maskz_mov_ps(at_a, grad),
+                        _mm512_maskz_mov_ps(at_b, grad),
+                    );
+                    let (gc, gd) = (
+                        _mm512_maskz_mov_ps(at_c, grad),
+                        _mm512_maskz_mov_ps(at_d, grad),
+                    );
+                    let d0 = dx.as_mut_ptr().add(2 * oy * w + 2 * ox);
+                    let d1 = d0.add(w);
+                    _mm512_mask_storeu_ps(d0, lo, _mm512_permutex2var_ps(ga, low, gb));
+                    _mm512_mask_storeu_ps(
+                        d0.wrapping_add(16),
+                        hi,
+                        _mm512_permutex2var_ps(ga, high, gb),
+                    );
+                    _mm512_mask_storeu_ps(d1, lo, _mm512_permutex2var_ps(gc, low, gd));
+                    _mm512_mask_storeu_ps(
+                        d1.wrapping_add(16),
+                        hi,
+                        _mm512_permutex2var_ps(gc, high, gd),
+                    );
+                }
+            }
+        }
+    }
+}

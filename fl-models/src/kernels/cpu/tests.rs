@@ -1,0 +1,312 @@
+//! The kernels against their definitions, on every instruction tier this CPU has.
+
+use super::*;
+use crate::kernels::isa::{Isa, set_max_isa};
+
+/// Runs `check` once per instruction tier the CPU supports (lowest first), with the kernels
+/// capped at that tier, so the paths this CPU would not pick by itself are tested too. Tests
+/// that change the cap take a lock; others may run meanwhile at any tier, which is still valid.
+fn at_every_isa(check: impl Fn(Isa)) {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let tiers = [Isa::Baseline, Isa::Avx2, Isa::Avx512];
+    for isa in tiers.into_iter().filter(|&t| t <= Isa::detected()) {
+        set_max_isa(isa);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(isa)));
+        set_max_isa(Isa::Avx512);
+        if let Err(panic) = outcome {
+            eprintln!("failed with the kernels capped at {isa:?}");
+            std::panic::resume_unwind(panic);
+        }
+    }
+    if Isa::detected() < Isa::Avx512 {
+        eprintln!(
+            "note: this CPU has no AVX-512F; the tiers above {:?} are untested here",
+            Isa::detected()
+        );
+    }
+}
+
+/// The convolution by its definition, in f64.
+fn naive_conv(g: &Conv2dGeometry, x: &[f32], w: &[f32], b: &[f32]) -> Vec<f32> {
+    let [h, wd] = g.input;
+    let [kh, kw] = g.kernel;
+    let [oh, ow] = g.output;
+    let mut y = vec![0.0f32; g.batch * g.output_len()];
+    for n in 0..g.batch {
+        for o in 0..g.c_out {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut acc = b[o] as f64;
+                    for c in 0..g.c_in {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let iy = (oy * g.stride[0] + ky) as isize - g.pad_begin[0] as isize;
+                                let ix = (ox * g.stride[1] + kx) as isize - g.pad_begin[1] as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                    continue;
+                                }
+                                let xv = x[((n * g.c_in + c) * h + iy as usize) * wd + ix as usize];
+                                let wv = w[((o * g.c_in + c) * kh + ky) * kw + kx];
+                                acc += xv as f64 * wv as f64;
+                            }
+                        }
+                    }
+                    y[((n * g.c_out + o) * oh + oy) * ow + ox] = acc as f32;
+                }
+            }
+        }
+    }
+    y
+}
+
+fn values(len: usize, seed: u32) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let v = (i as u32)
+                .wrapping_mul(2654435761)
+                .wrapping_add(seed.wrapping_mul(97));
+            ((v >> 8) % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+fn geometry(
+    [batch, c_in, h, w]: [usize; 4],
+    [c_out, kh, kw]: [usize; 3],
+    stride: [usize; 2],
+    pad: [(usize, usize); 2],
+) -> Conv2dGeometry {
+    let out = |i: usize, k: usize, s: usize, (a, b): (usize, usize)| (i + a + b - k) / s + 1;
+    Conv2dGeometry {
+        batch,
+        c_in,
+        input: [h, w],
+        c_out,
+        kernel: [kh, kw],
+        stride,
+        pad_begin: [pad[0].0, pad[1].0],
+        output: [out(h, kh, stride[0], pad[0]), out(w, kw, stride[1], pad[1])],
+    }
+}
+
+fn cases() -> Vec<Conv2dGeometry> {
+    vec![
+        geometry([3, 3, 9, 8], [4, 5, 5], [1, 1], [(0, 0), (0, 0)]),
+        geometry([2, 4, 7, 7], [5, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([2, 3, 8, 9], [2, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        geometry([2, 2, 6, 5], [3, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([1, 2, 7, 6], [3, 1, 1], [2, 2], [(0, 0), (0, 0)]),
+        geometry([2, 2, 5, 6], [2, 3, 2], [1, 2], [(2, 0), (0, 1)]),
+        geometry([17, 2, 5, 5], [3, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        // The CIFAR CNN's second convolution, with a batch over two weight-gradient chunks.
+        geometry([10, 6, 14, 14], [16, 5, 5], [1, 1], [(0, 0), (0, 0)]),
+        geometry([3, 9, 6, 7], [7, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+    ]
+}
+
+#[test]
+fn direct_and_im2col_convolutions_agree() {
+    for g in cases() {
+        if !super::super::direct::applies(&g) {
+            continue;
+        }
+        let x = values(g.batch * g.input_len(), 1);
+        let w = values(g.weight_len(), 2);
+        let b = values(g.c_out, 3);
+        let dy = values(g.batch * g.output_len(), 4);
+        close(
+            &conv2d_forward(&g, &x, &w, Some(&b)),
+            &im2col_conv2d_forward(&g, &x, &w, Some(&b)),
+        );
+        close(
+            &conv2d_input_grad(&g, &w, &dy),
+            &im2col_conv2d_input_grad(&g, &w, &dy),
+        );
+        let (dw, db) = conv2d_weight_grad(&g, &x, &dy);
+        let (dw_ref, db_ref) = im2col_conv2d_weight_grad(&g, &x, &dy);
+        close(&dw, &dw_ref);
+        close(&db, &db_ref);
+    }
+}
+
+fn close(a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+            "at {i}: {x} vs {y}"
+        );
+    }
+}
+
+#[test]
+fn forward_matches_the_definition() {
+    at_every_isa(|_| {
+        for g in cases() {
+            let x = values(g.batch * g.input_len(), 1);
+            let w = values(g.weight_len(), 2);
+            let b = values(g.c_out, 3);
+            let expected = naive_conv(&g, &x, &w, &b);
+            close(&conv2d_forward(&g, &x, &w, Some(&b)), &expected);
+            let zeros = vec![0.0; g.c_out];
+            let expected = naive_conv(&g, &x, &w, &zeros);
+            close(&conv2d_forward(&g, &x, &w, None), &expected);
+        }
+    });
+}
+
+/// The gradients are the adjoints of the forward map: ⟨dy, conv(x)⟩ is linear in x and in w,
+/// so ⟨dx, x'⟩ = ⟨dy, conv_w(x')⟩ and ⟨dW, w'⟩ = ⟨dy, conv_{w'}(x)⟩ for any x', w'.
+#[test]
+fn gradients_are_the_adjoints_of_the_forward_map() {
+    at_every_isa(|_| {
+        let dot = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| *x as f64 * *y as f64)
+                .sum::<f64>()
+        };
+        for g in cases() {
+            let x = values(g.batch * g.input_len(), 4);
+            let w = values(g.weight_len(), 5);
+            let dy = values(g.batch * g.output_len(), 6);
+            let probe_x = values(x.len(), 7);
+            let probe_w = values(w.len(), 8);
+            let dx = conv2d_input_grad(&g, &w, &dy);
+            let lhs = dot(&dx, &probe_x);
+            let rhs = dot(&dy, &conv2d_forward(&g, &probe_x, &w, None));
+            assert!(
+                (lhs - rhs).abs() < 1e-3 * (1.0 + rhs.abs()),
+                "{g:?}: dx {lhs} vs {rhs}"
+            );
+            let (dw, db) = conv2d_weight_grad(&g, &x, &dy);
+            let lhs = dot(&dw, &probe_w);
+            let rhs = dot(&dy, &conv2d_forward(&g, &x, &probe_w, None));
+            assert!(
+                (lhs - rhs).abs() < 1e-3 * (1.0 + rhs.abs()),
+                "{g:?}: dW {lhs} vs {rhs}"
+            );
+            let out_plane = g.output[0] * g.output[1];
+            for (o, b) in db.iter().enumerate() {
+                let sum: f64 = (0..g.batch)
+                    .flat_map(|n| dy[(n * g.c_out + o) * out_plane..][..out_plane].iter())
+                    .map(|v| *v as f64)
+                    .sum();
+                assert!((*b as f64 - sum).abs() < 1e-3, "{g:?}: db");
+            }
+        }
+    });
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let g = geometry([37, 3, 12, 12], [6, 5, 5], [1, 1], [(0, 0), (0, 0)]);
+    let x = values(g.batch * g.input_len(), 9);
+    let dy = values(g.batch * g.output_len(), 10);
+    let run = |threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| conv2d_weight_grad(&g, &x, &dy))
+    };
+    assert_eq!(run(1), run(3));
+}
+
+#[test]
+fn max_pool_fast_paths_follow_the_first_maximum_rule() {
+    at_every_isa(|_| {
+        // Rows of 39 (19 windows: a full 16-window step and a masked one), values on a coarse
+        // grid so that ties are frequent.
+        let g = PoolGeometry {
+            planes: 3,
+            input: [7, 39],
+            kernel: [2, 2],
+            stride: [2, 2],
+            output: [3, 19],
+        };
+        let x: Vec<f32> = values(3 * 7 * 39, 5)
+            .iter()
+            .map(|v| (v * 3.0).round())
+            .collect();
+        let dy = values(3 * 3 * 19, 6);
+        let (y, dx) = (max_pool2d_forward(&g, &x), max_pool2d_backward(&g, &x, &dy));
+        let mut expected = vec![0.0f32; x.len()];
+        for p in 0..3 {
+            let plane = &x[p * 273..(p + 1) * 273];
+            for oy in 0..3 {
+                for ox in 0..19 {
+                    let at = g.argmax(plane, oy, ox);
+                    assert_eq!(y[p * 57 + oy * 19 + ox], plane[at]);
+                    expected[p * 273 + at] += dy[p * 57 + oy * 19 + ox];
+                }
+            }
+        }
+        assert_eq!(dx, expected);
+    });
+}
+
+#[test]
+fn max_pool_picks_the_first_maximum_and_routes_its_gradient() {
+    at_every_isa(|_| {
+        let g = PoolGeometry {
+            planes: 2,
+            input: [4, 5],
+            kernel: [2, 2],
+            stride: [2, 2],
+            output: [2, 2],
+        };
+        let mut x = values(40, 11);
+        x[0] = 5.0;
+        x[1] = 5.0; // a tie: the first one wins
+        x[27] = f32::NAN;
+        let y = max_pool2d_forward(&g, &x);
+        assert_eq!(y[0], 5.0);
+        assert!(y[4 + 1].is_nan(), "NaN propagates: {y:?}");
+        let general = PoolGeometry {
+            kernel: [2, 2],
+            ..g
+        };
+        for p in 0..2 {
+            for oy in 0..2 {
+                for ox in 0..2 {
+                    let plane = &x[p * 20..(p + 1) * 20];
+                    let m = plane[general.argmax(plane, oy, ox)];
+                    let got = y[p * 4 + oy * 2 + ox];
+                    assert!(m == got || (m.is_nan() && got.is_nan()));
+                }
+            }
+        }
+        let dy: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+        let dx = max_pool2d_backward(&g, &x, &dy);
+        assert_eq!(dx[0], 1.0);
+        assert_eq!(dx[1], 0.0);
+        assert_eq!(dx.iter().sum::<f32>(), dy.iter().sum::<f32>());
+        assert_eq!(dx[27], 6.0, "the NaN takes its window's gradient");
+        // Column 4 is never in a window (floor mode).
+        assert!((0..4).all(|r| dx[r * 5 + 4] == 0.0));
+    });
+}
+
+/// Below AVX-512 the tiers differ only in how the copy loops move data, so their results are
+/// bit-identical (a run on an AVX2 machine and a capped run elsewhere agree exactly).
+#[test]
+fn baseline_and_avx2_paths_give_identical_bits() {
+    let g = geometry([5, 3, 11, 10], [4, 3, 3], [1, 1], [(1, 1), (1, 1)]);
+    let x = values(g.batch * g.input_len(), 12);
+    let w = values(g.weight_len(), 13);
+    let dy = values(g.batch * g.output_len(), 14);
+    let results = std::sync::Mutex::new(Vec::new());
+    at_every_isa(|isa| {
+        if isa <= Isa::Avx2 {
+            results.lock().unwrap().push((
+                conv2d_forward(&g, &x, &w, None),
+                conv2d_input_grad(&g, &w, &dy),
+                conv2d_weight_grad(&g, &x, &dy),
+            ));
+        }
+    });
+    let results = results.into_inner().unwrap();
+    assert!(results.windows(2).all(|p| p[0] == p[1]));
+}
