@@ -201,6 +201,20 @@ fn personalised_runs_are_deterministic_and_respect_the_size_limit() {
             .all(|m| m.test_acc.is_some_and(|x| (0.0..=1.0).contains(&x)))
     );
     assert!(phi.iter().any(Option::is_some), "some client got a teacher");
+    // Per round, per client: φ of the teacher found (or null) and the count of valid candidates.
+    for m in &a[1..] {
+        for key in ["client_phi", "valid_candidates"] {
+            let values = m.extra[key].as_array().unwrap();
+            assert_eq!(values.len(), m.clients.len(), "{key}");
+        }
+        assert!(
+            m.extra["valid_candidates"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|v| v.as_u64().unwrap() >= 1)
+        );
+    }
     assert!(
         a[1].bytes_down > 0 || a[0].extra.contains_key("phi"),
         "teachers are sent"
@@ -215,6 +229,26 @@ fn personalised_runs_are_deterministic_and_respect_the_size_limit() {
     for p in phi.into_iter().flatten() {
         assert!(p <= eta + 1e-12, "pFedClub+ teacher grew by {p}");
     }
+
+    // A negative η asks for smaller teachers: η = -0.5, at most half the client's size.
+    let eta = -0.5;
+    let smaller = ClubConfig {
+        size_limit: Some(eta),
+        ..ClubConfig::default()
+    };
+    let (_, phi) = run(smaller.clone(), 1, 2);
+    assert!(
+        phi.iter().any(Option::is_some),
+        "some teacher is small enough"
+    );
+    for p in phi.into_iter().flatten() {
+        assert!(p <= eta + 1e-12, "teacher of relative size {p} > {eta}");
+    }
+    let bad = ClubConfig {
+        size_limit: Some(-1.0),
+        ..smaller
+    };
+    assert!(bad.validate().unwrap_err().contains("must be > -1"));
 }
 
 #[test]

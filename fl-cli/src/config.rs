@@ -518,6 +518,14 @@ mod tests {
                 if !matches!(cfg.algorithm, Algorithm::Pfedclub(_)) {
                     cfg.run.model_kind().unwrap();
                 }
+                // The papers' momentum: FedCross §4.1 says 0.5, FedMR's paper 0.9.
+                if dir.ends_with("paper") {
+                    let momentum = match cfg.algorithm {
+                        Algorithm::Fedcross(_) => 0.5,
+                        _ => 0.9,
+                    };
+                    assert_eq!(cfg.run.momentum, momentum, "{name}");
+                }
                 let check = cfg.algorithm.settings().check(&cfg.run);
                 assert!(check.is_ok(), "{name}: {check:?}");
                 count += 1;

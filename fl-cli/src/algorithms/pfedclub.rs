@@ -64,7 +64,8 @@ pub struct PfedclubSettings {
     /// Server algorithm.
     #[arg(long, value_enum, default_value = "pfedclub")]
     pub variant: Variant,
-    /// Anchor rule: random (the paper), max or min similarity (ablations).
+    /// Anchor rule: random (the paper), min (the smallest block index, Table 3's ablation),
+    /// most-similar or least-similar (extra ablations).
     #[arg(long, value_parser = parse_name::<Anchor>, default_value = "random")]
     pub anchor: Anchor,
     /// Drop the order constraint (ablation).
@@ -73,8 +74,9 @@ pub struct PfedclubSettings {
     /// Drop block completion (ablation).
     #[arg(long)]
     pub no_completion: bool,
-    /// pFedClub+: keep only candidates with |w*| <= (1 + ETA)|w| (the paper used 0.1).
-    #[arg(long, value_name = "ETA")]
+    /// pFedClub+: keep only candidates with |w*| <= (1 + ETA)|w|, ETA > -1 (the paper used 0.1;
+    /// -0.2: teachers at least 20% smaller).
+    #[arg(long, value_name = "ETA", allow_negative_numbers = true)]
     pub size_limit: Option<f64>,
     /// Number of functional groups K.
     #[arg(long, default_value_t = 4)]
@@ -103,8 +105,8 @@ pub struct PfedclubSettings {
     /// Use a random subset of this many samples of the pooled data (for quick studies).
     #[arg(long, value_name = "N")]
     pub max_samples: Option<usize>,
-    /// Epochs of stitching-layer fine-tuning.
-    #[arg(long, default_value_t = 1)]
+    /// Epochs of stitching-layer fine-tuning (paper §4.1: 3).
+    #[arg(long, default_value_t = 3)]
     pub stitch_epochs: usize,
 }
 

@@ -94,7 +94,7 @@ impl Default for ClubConfig {
             cka_samples: 256,
             public_samples: None,
             stitch: StitchTraining {
-                epochs: 1,
+                epochs: 3,
                 batch_size: 64,
                 lr: 1e-3,
                 labeled: true,
@@ -114,9 +114,11 @@ impl ClubConfig {
             return Err("the number of candidates must be at least 1".into());
         }
         if let Some(eta) = self.size_limit
-            && !(eta.is_finite() && eta >= 0.0)
+            && !(eta.is_finite() && eta > -1.0)
         {
-            return Err(format!("the size limit must be >= 0, got {eta}"));
+            return Err(format!(
+                "the size limit η must be > -1 (teachers of at most (1 + η) times the client's size), got {eta}"
+            ));
         }
         if !(self.distill_weight.is_finite() && self.distill_weight >= 0.0) {
             return Err(format!(
@@ -208,6 +210,8 @@ struct Matched<M> {
     teacher: Option<Assigned<M>>,
     phi: Option<f64>,
     candidates: usize,
+    /// How many order-valid candidates Algorithm 1 found for the client.
+    valid: f64,
 }
 
 fn trainable_per_block(table: &ParamTable) -> Vec<usize> {
@@ -375,8 +379,17 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                 let matched = self.reassemble(round, &clients, rng)?;
                 let mut round_phi = Vec::new();
                 let mut made = 0usize;
+                let mut client_phi = Vec::new();
+                let mut valid = Vec::new();
                 for (&client, m) in clients.iter().zip(matched) {
                     made += m.candidates;
+                    client_phi.push(serde_json::Value::from(m.phi));
+                    // Counts are integers; past 2^53 (no order rule, deep zoos) a float.
+                    valid.push(if m.valid < 9e15 {
+                        serde_json::Value::from(m.valid as u64)
+                    } else {
+                        serde_json::Value::from(m.valid)
+                    });
                     if let Some(phi) = m.phi {
                         self.phis[client].push(phi);
                         round_phi.push(phi);
@@ -386,6 +399,8 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                     }
                 }
                 extra.insert("candidates".into(), made.into());
+                extra.insert("client_phi".into(), client_phi.into());
+                extra.insert("valid_candidates".into(), valid.into());
                 if !round_phi.is_empty() {
                     let mean = round_phi.iter().sum::<f64>() / round_phi.len() as f64;
                     extra.insert("phi".into(), mean.into());
@@ -605,7 +620,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
                     Some(eta) => size_of(parts) as f64 <= (1.0 + eta) * own_size,
                     None => true,
                 };
-                let found = cmsr::candidates(
+                let cmsr::Candidates { found, valid } = cmsr::candidates(
                     own,
                     &groups,
                     &similarity,
@@ -646,6 +661,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
                         teacher: None,
                         phi: None,
                         candidates: 0,
+                        valid,
                     });
                 };
                 let size = size_of(&parts);
@@ -675,6 +691,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
                     }),
                     phi: Some((size as f64 - own_size) / own_size),
                     candidates: found.len(),
+                    valid,
                 })
             })
             .collect()
