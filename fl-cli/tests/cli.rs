@@ -1110,6 +1110,15 @@ fn pfedclub_variants_run_on_fashion_mnist_and_bad_flags_are_errors() {
         run_ok(&base(&out, &["--variant", variant]));
         assert_eq!(metrics(&out).len(), 2, "{variant}");
     }
+    // The homogeneous setting (the paper's Table 2): one architecture for every client.
+    let same = dir.path().join("cnn2");
+    run_ok(&base(&same, &["--model", "cnn2"]));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(same.join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["architectures"], serde_json::json!(vec!["cnn2"; 5]));
+    let config = std::fs::read_to_string(same.join("config.toml")).unwrap();
+    assert!(config.contains("model = \"cnn2\""), "{config}");
     // Two seeds of the FedAvg-per-architecture baseline, one folder each.
     run_ok(&base(
         &dir.path().join("fedavg"),
@@ -1130,6 +1139,8 @@ fn pfedclub_variants_run_on_fashion_mnist_and_bad_flags_are_errors() {
         (vec!["--size-limit=-1"], "size limit"),
         (vec!["--groups", "0"], "groups"),
         (vec!["--zoo", "IV"], "zoo"),
+        (vec!["--model", "cnn"], "need zoo architectures"),
+        (vec!["--model", "zoo-ii"], "contradicts --zoo"),
         (vec!["--classes-per-client", "1"], "cover"),
         (vec!["--public-fraction", "1.5"], "fraction"),
     ] {

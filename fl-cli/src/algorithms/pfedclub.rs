@@ -9,7 +9,7 @@ use fl_core::strategy::pfedclub::stitch::StitchTraining;
 use fl_core::strategy::pfedclub::{ClubConfig, Method, PFedClub, PublicData};
 use fl_core::{ClientModels, Simulation, Strategy};
 use fl_data::{FederatedDataset, Partition, PersonalSplit};
-use fl_models::{ModelZoo, ZooModel};
+use fl_models::{ModelKind, ModelZoo, ZooModel};
 use serde::{Deserialize, Serialize};
 
 use super::{LabelCounts, Settings, defaults_from_flags, parse_name};
@@ -54,7 +54,8 @@ pub enum Public {
 }
 
 /// pFedClub's settings (its `[pfedclub]` section); the shared run settings set the data,
-/// clients, rounds and local training.
+/// clients, rounds and local training, and `model`: `zoo` (the default: `--zoo`'s mix of
+/// architectures) or one zoo architecture for every client (the homogeneous setting).
 #[derive(Debug, Clone, PartialEq, Args, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PfedclubSettings {
@@ -143,15 +144,48 @@ impl PfedclubSettings {
     }
 }
 
+impl PfedclubSettings {
+    /// The zoo's name as a run's `model` (`zoo-iii`).
+    fn zoo_name(&self) -> String {
+        format!("zoo-{:?}", self.zoo).to_lowercase()
+    }
+
+    /// Every client's architecture: the zoo's mix (`model = "zoo"` or the zoo's name), or one
+    /// architecture for all (`--model cnn2`: the paper's homogeneous setting, Table 2).
+    pub fn architectures(&self, run: &RunSettings) -> anyhow::Result<Vec<ModelKind>> {
+        if run.model.starts_with("zoo") {
+            if run.model != self.zoo_name() {
+                bail!(
+                    "--model {} contradicts --zoo {:?} (give --model zoo, or one zoo architecture for every client)",
+                    run.model,
+                    self.zoo
+                );
+            }
+            return Ok(self.zoo.assign(run.clients));
+        }
+        let kind = run.model_kind()?;
+        if !ModelZoo::I.members().iter().any(|&(k, _)| k == kind) {
+            bail!(
+                "pFedClub's clients need zoo architectures (cnn1-cnn4, mobilenet-v1/v2/v3), not --model {}",
+                run.model
+            );
+        }
+        Ok(vec![kind; run.clients])
+    }
+}
+
 impl Settings for PfedclubSettings {
     fn settle(&mut self, run: &mut RunSettings) {
-        run.model = format!("zoo-{:?}", self.zoo).to_lowercase();
+        if run.model == "zoo" {
+            run.model = self.zoo_name();
+        }
     }
 
     /// The paper's setting: 50 clients, 5 per round, 10 local epochs of Adam at lr 0.001,
     /// batch 64, 2 classes per client.
     fn run_defaults(&self) -> toml::Table {
         toml::toml! {
+            model = "zoo"
             clients = 50
             sample = 5
             local_epochs = 10
@@ -166,7 +200,8 @@ impl Settings for PfedclubSettings {
         bail!("pfedclub is set up with its clients' models (see run_one)")
     }
 
-    fn check(&self, _: &RunSettings) -> anyhow::Result<()> {
+    fn check(&self, run: &RunSettings) -> anyhow::Result<()> {
+        self.architectures(run)?;
         if matches!(self.max_samples, Some(n) if n < 2) {
             bail!("--max-samples must be at least 2");
         }
@@ -209,7 +244,7 @@ pub fn run_one(
         setup.test_fraction,
         run.seed,
     )?;
-    let kinds = setup.zoo.assign(run.clients);
+    let kinds = setup.architectures(run)?;
     // The engine trains on the clients' training portions and evaluates each client on its
     // own test portion, both indices into the pooled samples.
     let personal = FederatedDataset {
