@@ -34,6 +34,8 @@ pub enum PartitionKind {
     Pathological,
     /// The dataset's own split (FEMNIST writers).
     Natural,
+    /// A partition JSON file (`--partition-file`, e.g. another run's `partition.json`).
+    File,
 }
 
 /// The settings every algorithm shares; the top of `config.toml`.
@@ -92,6 +94,10 @@ pub struct RunSettings {
     /// Use this partition JSON (as written to a run's partition.json) instead of drawing one.
     #[arg(long, value_name = "FILE")]
     pub partition_file: Option<PathBuf>,
+    /// SHA-256 of `partition_file`, recorded when the run starts and checked when it is re-run.
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition_sha256: Option<String>,
     /// Run seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -237,8 +243,11 @@ impl RunConfig {
         Ok(cfg)
     }
 
-    /// Fills the algorithm's run-dependent defaults.
+    /// Fills the algorithm's run-dependent defaults; a partition file is the partition.
     fn settle(&mut self) {
+        if self.run.partition_file.is_some() {
+            self.run.partition = PartitionKind::File;
+        }
         self.algorithm.settings_mut().settle(&mut self.run);
     }
 
@@ -247,7 +256,14 @@ impl RunConfig {
         let mut table = Table::new();
         let name = self.algorithm.name();
         table.insert("algorithm".into(), name.into());
-        table.extend(to_table(&self.run));
+        let mut run = to_table(&self.run);
+        if self.run.partition == PartitionKind::File {
+            // Only the file defines the partition: leave out the drawing settings.
+            for unused in ["alpha", "min_client_size", "classes_per_client"] {
+                run.remove(unused);
+            }
+        }
+        table.extend(run);
         let section = self.algorithm.section();
         if !section.is_empty() {
             table.insert(name.into(), Value::Table(section));
@@ -364,7 +380,8 @@ impl RunSettings {
         Ok(self.model.parse()?)
     }
 
-    /// The partition scheme (`None`: the dataset's natural split, which is not drawn).
+    /// The partition scheme (`None`: the dataset's natural split or a partition file, which are
+    /// not drawn).
     pub fn partition_scheme(&self) -> anyhow::Result<Option<PartitionScheme>> {
         let alpha = || {
             if !(self.alpha.is_finite() && self.alpha > 0.0) {
@@ -385,6 +402,10 @@ impl RunSettings {
                 classes_per_client: self.classes_per_client,
             },
             PartitionKind::Natural => return Ok(None),
+            PartitionKind::File if self.partition_file.is_none() => {
+                bail!("--partition file needs --partition-file FILE")
+            }
+            PartitionKind::File => return Ok(None),
         }))
     }
 

@@ -92,8 +92,8 @@ fn run_one(cfg: &RunConfig, resume: bool, quiet: bool) -> anyhow::Result<()> {
         return pfedclub::run_one(cfg, club, &data, resume, quiet);
     }
     let model_kind = cfg.run.model_kind()?;
-    let partition = build_partition(&cfg.run, &data)?;
     let mut cfg = cfg.clone();
+    let partition = build_partition(&mut cfg.run, &data)?;
     cfg.run.settle_clients(partition.num_clients())?;
     let cfg = &cfg;
     let mut strategy = cfg.algorithm.settings().strategy(&cfg.run, &|| {
@@ -217,11 +217,22 @@ pub fn round_bar(rounds: usize, quiet: bool) -> ProgressBar {
 }
 
 /// The run's partition: `--partition-file`, the dataset's natural split, or a seeded draw.
-fn build_partition(cfg: &RunSettings, data: &FederatedDataset) -> anyhow::Result<Partition> {
+/// A partition file's SHA-256 is recorded in `cfg` (and must match one recorded before).
+fn build_partition(cfg: &mut RunSettings, data: &FederatedDataset) -> anyhow::Result<Partition> {
     // The natural partition comes with the data (FEMNIST writers); the others are drawn.
     let scheme = cfg.partition_scheme()?;
     Ok(match &cfg.partition_file {
         Some(path) => {
+            let sha = fl_data::download::sha256_of(path)?;
+            if let Some(recorded) = &cfg.partition_sha256
+                && *recorded != sha
+            {
+                bail!(
+                    "{} changed since the run was configured (SHA-256 {sha}, recorded {recorded})",
+                    path.display()
+                );
+            }
+            cfg.partition_sha256 = Some(sha);
             let p = Partition::load(path)?;
             if cfg.clients != 0 && p.num_clients() != cfg.clients {
                 bail!(
@@ -261,7 +272,7 @@ pub fn partition(run: Option<&Path>, args: &RunArgs, image: &Path) -> anyhow::Re
             p.validate(data.train.len())?;
             p
         }
-        None => build_partition(&cfg, &data)?,
+        None => build_partition(&mut cfg.clone(), &data)?,
     };
     let scheme = match cfg.partition {
         PartitionKind::Dirichlet => format!("Dirichlet {}", cfg.alpha),
@@ -269,6 +280,7 @@ pub fn partition(run: Option<&Path>, args: &RunArgs, image: &Path) -> anyhow::Re
         PartitionKind::Pathological => format!("{} classes per client", cfg.classes_per_client),
         PartitionKind::Iid => "IID".into(),
         PartitionKind::Natural => "natural".into(),
+        PartitionKind::File => "from a file".into(),
     };
     let title = format!(
         "{}: {} clients, {scheme}, seed {}",
@@ -328,6 +340,10 @@ pub fn write_run_files(
         "test_samples": data.test.len(),
         "command": std::env::args().collect::<Vec<_>>(),
     });
+    if let (Some(file), Some(sha)) = (&cfg.run.partition_file, &cfg.run.partition_sha256) {
+        manifest["partition_file"] = file.display().to_string().into();
+        manifest["partition_sha256"] = sha.clone().into();
+    }
     manifest.as_object_mut().expect("an object").extend(extra);
     write(
         "manifest.json",

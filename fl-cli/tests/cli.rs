@@ -170,6 +170,57 @@ fn run_directory_is_self_describing() {
 }
 
 #[test]
+fn a_partition_file_is_recorded_by_path_and_hash_and_checked() {
+    let dir = tmp();
+    let first = dir.path().join("first");
+    run_ok(&small_run(&first, "2", "1"));
+    // A copy of the first run's partition, used by a second run.
+    let file = dir.path().join("partition.json");
+    std::fs::copy(first.join("partition.json"), &file).unwrap();
+    let second = dir.path().join("second");
+    let mut args = small_run(&second, "2", "1");
+    args.extend(["--partition-file".to_string(), file.display().to_string()]);
+    run_ok(&args);
+    assert_eq!(
+        metrics(&second),
+        metrics(&first),
+        "same partition, same run"
+    );
+    let config = std::fs::read_to_string(second.join("config.toml")).unwrap();
+    let sha = {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(std::fs::read(&file).unwrap());
+        digest
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    assert!(config.contains("partition = \"file\""), "{config}");
+    assert!(
+        config.contains(&format!("partition_sha256 = \"{sha}\"")),
+        "{config}"
+    );
+    assert!(
+        !config.contains("alpha ="),
+        "unused drawing settings are left out: {config}"
+    );
+    let manifest = std::fs::read_to_string(second.join("manifest.json")).unwrap();
+    assert!(manifest.contains(&sha), "{manifest}");
+    // Re-running the config after the file changed is an error, not a different run.
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replacen('[', "[ ", 1)).unwrap();
+    let third = dir.path().join("third");
+    let cfg = second.join("config.toml").display().to_string();
+    let o = fl(&["run", &cfg, "--quiet", "--out", third.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("changed since the run was configured"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn same_seed_gives_identical_results_at_one_and_two_threads() {
     let dir = tmp();
     let (a, b): (PathBuf, PathBuf) = (dir.path().join("t1"), dir.path().join("t2"));
@@ -1116,7 +1167,10 @@ fn pfedclub_variants_run_on_fashion_mnist_and_bad_flags_are_errors() {
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(same.join("manifest.json")).unwrap())
             .unwrap();
-    assert_eq!(manifest["architectures"], serde_json::json!(vec!["cnn2"; 5]));
+    assert_eq!(
+        manifest["architectures"],
+        serde_json::json!(vec!["cnn2"; 5])
+    );
     let config = std::fs::read_to_string(same.join("config.toml")).unwrap();
     assert!(config.contains("model = \"cnn2\""), "{config}");
     // Two seeds of the FedAvg-per-architecture baseline, one folder each.

@@ -202,6 +202,12 @@ impl Settings for PfedclubSettings {
 
     fn check(&self, run: &RunSettings) -> anyhow::Result<()> {
         self.architectures(run)?;
+        if run.partition_scheme()?.is_none() {
+            bail!(
+                "pFedClub draws its own split; --partition {:?} does not apply",
+                run.partition
+            );
+        }
         if matches!(self.max_samples, Some(n) if n < 2) {
             bail!("--max-samples must be at least 2");
         }
@@ -235,8 +241,12 @@ pub fn run_one(
         pooled = pooled.subset(&keep);
     }
     let split = PersonalSplit::new(
-        &run.partition_scheme()?
-            .context("pFedClub draws its own split; --partition natural does not apply")?,
+        &run.partition_scheme()?.with_context(|| {
+            format!(
+                "pFedClub draws its own split; --partition {:?} does not apply",
+                run.partition
+            )
+        })?,
         pooled.labels(),
         pooled.num_classes(),
         run.clients,
