@@ -234,9 +234,12 @@ impl RunConfig {
 
     fn from_table(table: &mut Table) -> anyhow::Result<Self> {
         let name = take_algorithm(table)?.unwrap_or_else(|| "fedavg".into());
-        let section = split_section(table, &Algorithm::with_defaults(&name)?)?;
+        let defaults = Algorithm::with_defaults(&name)?;
+        let section = split_section(table, &defaults)?;
+        let mut run = defaults.settings().run_defaults();
+        run.extend(std::mem::take(table));
         let mut cfg = Self {
-            run: std::mem::take(table).try_into()?,
+            run: run.try_into()?,
             algorithm: Algorithm::from_section(&name, section)?,
         };
         cfg.settle();
