@@ -12,8 +12,9 @@ use fl_core::{BlockForward, Classifier, Features};
 
 use crate::common::{Dropout, block, bn, conv};
 
-/// One convolution layer of a [`StackedCnn`]: k×k conv with padding k/2, optional BatchNorm,
-/// ReLU, optional 2×2 max-pool.
+/// One convolution layer of a [`StackedCnn`]: k×k conv with padding k/2 ("same", so every
+/// preset builds for 1×28×28 and 3×32×32 inputs), optional BatchNorm, ReLU, optional 2×2
+/// max-pool, optional dropout.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ConvLayerSpec {
     /// Output channels.
@@ -24,6 +25,9 @@ pub struct ConvLayerSpec {
     pub batch_norm: bool,
     /// 2×2 max-pool after the activation.
     pub pool: bool,
+    /// Dropout after the layer (CNN4's Conv4).
+    #[serde(default)]
+    pub dropout: bool,
 }
 
 /// Configuration of a [`StackedCnn`]; [`StackedCnnConfig::cnn1`] … `cnn4` are pFedClub's models.
@@ -41,14 +45,16 @@ pub struct StackedCnnConfig {
     pub dropout_per_mille: u16,
 }
 
-/// pFedClub Appendix B names the layers of CNN1–CNN4 but not every width; these are ours
-/// (documented in the README): conv widths 32 → 64 → 128 → 256, FC widths 512 → 256 → 128.
+/// pFedClub Appendix B gives CNN1–CNN4's kernel sizes, pools, BatchNorm and dropout positions
+/// but not the widths; these are ours (documented in the README): conv widths 32 → 64 → 128 →
+/// 256, FC widths 512 → 256 → 128, dropout 0.5.
 fn layer(channels: usize, kernel: usize, batch_norm: bool, pool: bool) -> ConvLayerSpec {
     ConvLayerSpec {
         channels,
         kernel,
         batch_norm,
         pool,
+        dropout: false,
     }
 }
 
@@ -64,15 +70,15 @@ impl StackedCnnConfig {
         }
     }
 
-    /// CNN2: CNN1 with a third convolution, Conv3 3×3 128 + pool.
+    /// CNN2: CNN1 with a third convolution before FC1, Conv3 5×5 128 (no pool).
     pub fn cnn2(input_shape: [usize; 3], num_classes: usize) -> Self {
         let mut cfg = Self::cnn1(input_shape, num_classes);
-        cfg.convs.push(layer(128, 3, false, true));
+        cfg.convs.push(layer(128, 5, false, false));
         cfg
     }
 
-    /// CNN3: five convolutions (5×5 32 + pool, 5×5 64 + pool, 3×3 128, 3×3 128 + pool,
-    /// 3×3 256 + pool), FC1 512 (dropout 0.5), FC2 256, FC3 128, FC4 C.
+    /// CNN3: five 5×5 convolutions with pools after Conv1, Conv2 and Conv4 (32 + pool,
+    /// 64 + pool, 128, 128 + pool, 256), FC1 512 (dropout 0.5), FC2 256, FC3 128, FC4 C.
     pub fn cnn3(input_shape: [usize; 3], num_classes: usize) -> Self {
         Self {
             input_shape,
@@ -80,27 +86,30 @@ impl StackedCnnConfig {
             convs: vec![
                 layer(32, 5, false, true),
                 layer(64, 5, false, true),
-                layer(128, 3, false, false),
-                layer(128, 3, false, true),
-                layer(256, 3, false, true),
+                layer(128, 5, false, false),
+                layer(128, 5, false, true),
+                layer(256, 5, false, false),
             ],
             hidden: vec![512, 256, 128],
             dropout_per_mille: 500,
         }
     }
 
-    /// CNN4: six 3×3 convolutions with BatchNorm in Conv1, Conv3 and Conv5
-    /// (32, 32 + pool, 64, 64 + pool, 128, 128 + pool), FC1 512 (dropout 0.5), FC2 256,
-    /// FC3 128, FC4 C.
+    /// CNN4: six convolutions, kernels 5, 3, 3, 5, 3, 3, BatchNorm in Conv1, Conv3 and Conv5,
+    /// pools after Conv2, Conv4 and Conv6, dropout after Conv4 (32 BN, 32 + pool, 64 BN,
+    /// 64 + pool + dropout, 128 BN, 128 + pool), FC1 512 (dropout 0.5), FC2 256, FC3 128, FC4 C.
     pub fn cnn4(input_shape: [usize; 3], num_classes: usize) -> Self {
         Self {
             input_shape,
             num_classes,
             convs: vec![
-                layer(32, 3, true, false),
+                layer(32, 5, true, false),
                 layer(32, 3, false, true),
                 layer(64, 3, true, false),
-                layer(64, 3, false, true),
+                ConvLayerSpec {
+                    dropout: true,
+                    ..layer(64, 5, false, true)
+                },
                 layer(128, 3, true, false),
                 layer(128, 3, false, true),
             ],
@@ -160,6 +169,7 @@ impl StackedCnnConfig {
                 ),
                 bn: l.batch_norm.then(|| bn(l.channels, device)),
                 pool: l.pool,
+                dropout: l.dropout,
             });
             (input, h, w) = (l.channels, h2, w2);
         }
@@ -202,6 +212,8 @@ pub struct ConvLayer {
     bn: Option<BatchNorm>,
     #[module(skip)]
     pool: bool,
+    #[module(skip)]
+    dropout: bool,
 }
 
 /// A plain CNN: conv layers (conv, optional BN, ReLU, optional pool), then FC layers with ReLU
@@ -257,6 +269,9 @@ impl BlockForward for StackedCnn {
             if layer.pool {
                 x = max_pool2d_forward(&self.pool, x);
             }
+            if layer.dropout {
+                x = self.dropout.forward(x);
+            }
             return Features::Map(x);
         }
         let i = index - self.convs.len();
@@ -269,5 +284,65 @@ impl BlockForward for StackedCnn {
             x = self.dropout.forward(x);
         }
         Features::Flat(x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (kernel, BatchNorm, pool, dropout) of each convolution, and the FC count.
+    fn layout(cfg: StackedCnnConfig) -> (Vec<(usize, bool, bool, bool)>, usize) {
+        let convs = cfg
+            .convs
+            .iter()
+            .map(|l| (l.kernel, l.batch_norm, l.pool, l.dropout))
+            .collect();
+        (convs, cfg.hidden.len() + 1)
+    }
+
+    #[test]
+    fn presets_follow_appendix_b() {
+        let s = [3, 32, 32];
+        let (f, t) = (false, true);
+        let plain = |k, pool| (k, f, pool, f);
+        assert_eq!(
+            layout(StackedCnnConfig::cnn1(s, 10)),
+            (vec![plain(5, t), plain(5, t)], 2)
+        );
+        assert_eq!(
+            layout(StackedCnnConfig::cnn2(s, 10)),
+            (vec![plain(5, t), plain(5, t), plain(5, f)], 2)
+        );
+        // CNN3: all kernels 5×5, pools after convs 1, 2 and 4.
+        assert_eq!(
+            layout(StackedCnnConfig::cnn3(s, 10)),
+            (
+                vec![
+                    plain(5, t),
+                    plain(5, t),
+                    plain(5, f),
+                    plain(5, t),
+                    plain(5, f)
+                ],
+                4
+            )
+        );
+        // CNN4: kernels 5, 3, 3, 5, 3, 3; BatchNorm in 1, 3, 5; pools after 2, 4, 6; dropout
+        // after 4.
+        assert_eq!(
+            layout(StackedCnnConfig::cnn4(s, 10)),
+            (
+                vec![
+                    (5, t, f, f),
+                    (3, f, t, f),
+                    (3, t, f, f),
+                    (5, f, t, t),
+                    (3, t, f, f),
+                    (3, f, t, f)
+                ],
+                4
+            )
+        );
     }
 }

@@ -238,9 +238,9 @@ mod tests {
             ModelKind::MobilenetV3 => 1_528_106,
             // Our documented width choices for pFedClub's CNNs (pinned so they do not drift).
             ModelKind::Cnn1 => 2_156_490,
-            ModelKind::Cnn2 => 1_181_770,
-            ModelKind::Cnn3 => 1_260_618,
-            ModelKind::Cnn4 => 1_502_058,
+            ModelKind::Cnn2 => 4_458_570,
+            ModelKind::Cnn3 => 3_750_986,
+            ModelKind::Cnn4 => 1_569_130,
         }
     }
 
