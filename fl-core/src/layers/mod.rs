@@ -522,6 +522,27 @@ mod tests {
     }
 
     #[test]
+    fn paper_layers_keep_batch_norm_with_its_convolution_and_segments_follow_the_paper() {
+        let t = table(1);
+        // conv, bn, fc1, fc2: the BatchNorm (tensors 2-5) joins the convolution's layer.
+        assert_eq!(
+            t.units(Granularity::Layer).unwrap(),
+            [vec![0, 1, 2, 3, 4, 5], vec![6, 7], vec![8, 9]]
+        );
+        use super::recombine::segment_of;
+        let segments = |n: usize, x: f64| (1..=n).map(|j| segment_of(j, n, x)).collect::<Vec<_>>();
+        assert_eq!(segments(5, 0.2), [1, 2, 3, 4, 5]);
+        assert_eq!(segments(5, 0.5), [1, 1, 2, 2, 2]);
+        assert_eq!(segments(7, 0.3), [1, 1, 2, 2, 3, 3, 4]);
+        assert_eq!(segments(5, 1.0), [1; 5]);
+        // Over the tiny net's three paper layers, x = 0.5 gives ⌈j/1.5⌉ = 1, 2, 2.
+        assert_eq!(
+            t.units(Granularity::Segments { fraction: 0.5 }).unwrap(),
+            [vec![0, 1, 2, 3, 4, 5], vec![6, 7, 8, 9]]
+        );
+    }
+
+    #[test]
     fn layout_names_layers_and_kinds() {
         let t = table(1);
         let names: Vec<&str> = t

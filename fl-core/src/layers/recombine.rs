@@ -7,12 +7,29 @@ use rand::seq::SliceRandom;
 use super::{Granularity, LayerError, ParamTable};
 
 impl ParamTable {
+    /// The model's layers as the FedMR paper means them: a normalisation layer (one with running
+    /// statistics) belongs to the layer before it (its convolution), not to a layer of its own.
+    pub fn paper_layers(&self) -> Vec<Vec<usize>> {
+        let layout = &self.layout;
+        let mut layers: Vec<Vec<usize>> = Vec::new();
+        for (_, tensors) in &layout.layers {
+            let norm = tensors
+                .iter()
+                .any(|&t| layout.tensors[t].kind == super::ParamKind::Buffer);
+            match layers.last_mut() {
+                Some(previous) if norm => previous.extend(tensors),
+                _ => layers.push(tensors.clone()),
+            }
+        }
+        layers
+    }
+
     /// Groups of tensor indices that move together at granularity `g`.
     pub fn units(&self, g: Granularity) -> Result<Vec<Vec<usize>>, LayerError> {
         let layout = &self.layout;
         Ok(match g {
             Granularity::Tensor => (0..layout.tensors.len()).map(|i| vec![i]).collect(),
-            Granularity::Layer => layout.layers.iter().map(|(_, t)| t.clone()).collect(),
+            Granularity::Layer => self.paper_layers(),
             Granularity::Block => {
                 if layout.blocks.is_empty() {
                     return Err(LayerError::BadGranularity(
@@ -27,20 +44,26 @@ impl ParamTable {
                         "segment fraction must be in (0, 1], got {fraction}"
                     )));
                 }
-                let layers = layout.layers.len();
-                let count = ((1.0 / fraction).ceil() as usize).clamp(1, layers);
-                (0..count)
-                    .map(|s| {
-                        let (start, end) = (s * layers / count, (s + 1) * layers / count);
-                        layout.layers[start..end]
-                            .iter()
-                            .flat_map(|(_, t)| t.iter().copied())
-                            .collect()
-                    })
-                    .collect()
+                // FedMR-px: layer j of N (1-based) goes to segment ⌈j / (x·N)⌉.
+                let layers = self.paper_layers();
+                let n = layers.len();
+                let mut segments: Vec<Vec<usize>> = Vec::new();
+                for (j, tensors) in layers.into_iter().enumerate() {
+                    if segments.len() < segment_of(j + 1, n, fraction) {
+                        segments.push(Vec::new());
+                    }
+                    segments.last_mut().expect("pushed").extend(tensors);
+                }
+                segments
             }
         })
     }
+}
+
+/// FedMR-px's segment (1-based) of layer `j` (1-based) of `n`: `⌈j / (x·n)⌉`, with a tolerance
+/// so that exact quotients do not round up.
+pub fn segment_of(j: usize, n: usize, x: f64) -> usize {
+    ((j as f64 / (x * n as f64) - 1e-9).ceil() as usize).max(1)
 }
 
 /// The result of [`recombine`]: new models and, for each unit, which source model each new model

@@ -8,8 +8,9 @@
 //! is the plain average of the K models.
 //!
 //! Defaults follow the authors' code: tensor-level shuffling (each weight, bias and BatchNorm
-//! statistic independently). `Granularity::Layer` is the paper's description; `Segments` with
-//! fraction x is the paper's FedMR-p*x* ablation, and fraction 1.0 (whole models re-dispatched,
+//! statistic independently). `Granularity::Layer` is the paper's description (a BatchNorm moves
+//! with its convolution's layer); `Segments` with fraction x is the paper's FedMR-p*x* ablation
+//! (layer j of N in segment ⌈j/(x·N)⌉), and fraction 1.0 (whole models re-dispatched,
 //! nothing recombined) is FedIndep. With `first_stage = R` the first R rounds aggregate like
 //! FedAvg (all K models set to the sample-weighted average) — the paper's two-stage training,
 //! used with R = 100 for ResNet-20 and VGG-16. With `secure` the clients recombine among
