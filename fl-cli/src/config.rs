@@ -91,6 +91,11 @@ pub struct RunSettings {
     /// Smallest client size a Dirichlet draw must give (redrawn until it does).
     #[arg(long, default_value_t = 10)]
     pub min_client_size: usize,
+    /// With `--partition natural`: only writers with at least N training samples are clients
+    /// (the FedMR paper's FEMNIST: the writers with more than 100 samples, LEAF's `-k 100`, which
+    /// counts before LEAF's train/test split).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub min_writer_samples: usize,
     /// Use this partition JSON (as written to a run's partition.json) instead of drawing one.
     #[arg(long, value_name = "FILE")]
     pub partition_file: Option<PathBuf>,

@@ -245,7 +245,7 @@ fn build_partition(cfg: &mut RunSettings, data: &FederatedDataset) -> anyhow::Re
             p
         }
         None => match scheme {
-            None => natural_partition(data, cfg.clients)?,
+            None => natural_partition(data, cfg.clients, cfg.min_writer_samples)?,
             Some(scheme) => Partition::new(
                 &scheme,
                 data.train.labels(),
@@ -293,23 +293,34 @@ pub fn partition(run: Option<&Path>, args: &RunArgs, image: &Path) -> anyhow::Re
 
 /// The dataset's own split (FEMNIST: one client per writer), limited to the first `clients`
 /// (all of them for 0).
-fn natural_partition(data: &FederatedDataset, clients: usize) -> anyhow::Result<Partition> {
+fn natural_partition(
+    data: &FederatedDataset,
+    clients: usize,
+    min_samples: usize,
+) -> anyhow::Result<Partition> {
     let Some(writers) = &data.natural_clients else {
         bail!(
             "--partition natural needs a dataset with its own client split (femnist); {} has none",
             data.name
         );
     };
-    if clients > writers.len() {
+    // The FedMR paper's FEMNIST keeps the writers with enough samples (LEAF's `-k`).
+    let writers: Vec<&Vec<usize>> = writers.iter().filter(|w| w.len() >= min_samples).collect();
+    let which = if min_samples > 0 {
+        format!("writers with at least {min_samples} training samples")
+    } else {
+        "writers".into()
+    };
+    if writers.is_empty() || clients > writers.len() {
         bail!(
-            "--clients {clients} is more than the {} writers {} has",
+            "--clients {clients} is more than the {} {which} {} has",
             writers.len(),
             data.name
         );
     }
     let clients = if clients == 0 { writers.len() } else { clients };
     let partition = Partition {
-        clients: writers[..clients].to_vec(),
+        clients: writers[..clients].iter().map(|w| w.to_vec()).collect(),
     };
     partition.validate(data.train.len())?;
     Ok(partition)

@@ -690,15 +690,16 @@ fn write_cifar10_fixture(root: &Path, per_batch: usize) {
     }
 }
 
-/// Writes a LEAF FEMNIST fixture with `writers` writers of `per_writer` samples in each split.
-fn write_femnist_fixture(root: &Path, writers: usize, per_writer: usize) {
+/// Writes a LEAF FEMNIST fixture with `writers` writers, writer `w` with `per_writer(w)` samples
+/// in each split.
+fn write_femnist_fixture(root: &Path, writers: usize, per_writer: impl Fn(usize) -> usize) {
     for split in ["train", "test"] {
         let dir = root.join("data").join(split);
         std::fs::create_dir_all(&dir).unwrap();
         let users: Vec<String> = (0..writers).map(|w| format!("w{w:04}")).collect();
         let mut user_data = serde_json::Map::new();
         for (w, u) in users.iter().enumerate() {
-            let y: Vec<usize> = (0..per_writer).map(|s| (w + s) % 62).collect();
+            let y: Vec<usize> = (0..per_writer(w)).map(|s| (w + s) % 62).collect();
             let x: Vec<Vec<f32>> = y
                 .iter()
                 .map(|&l| {
@@ -785,7 +786,7 @@ fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
     assert_eq!(metrics(&out).len(), 1);
 
     let femnist = dir.path().join("leaf");
-    write_femnist_fixture(&femnist, 6, 5);
+    write_femnist_fixture(&femnist, 6, |_| 5);
     let run = |clients: &str, partition: &str, out: &Path| {
         fl(&[
             "fedmr",
@@ -858,6 +859,44 @@ fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
         config.contains("clients = 6") && config.contains("sample = 3"),
         "{config}"
     );
+    // Only writers with enough samples (the FedMR paper's LEAF `-k 100`, here 6): writers of
+    // 3..8 samples leave the three with 6, 7 and 8.
+    let uneven = dir.path().join("leaf-uneven");
+    write_femnist_fixture(&uneven, 6, |w| 3 + w);
+    let kept = dir.path().join("kept-writers");
+    let o = fl(&[
+        "fedavg",
+        "--dataset",
+        "femnist",
+        "--data-dir",
+        &uneven.display().to_string(),
+        "--clients",
+        "0",
+        "--sample",
+        "2",
+        "--partition",
+        "natural",
+        "--min-writer-samples",
+        "6",
+        "--rounds",
+        "1",
+        "--local-epochs",
+        "1",
+        "--quiet",
+        "--out",
+        &kept.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let partition: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(kept.join("partition.json")).unwrap())
+            .unwrap();
+    let sizes: Vec<usize> = partition["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_array().unwrap().len())
+        .collect();
+    assert_eq!(sizes, [6, 7, 8]);
     let o = fl(&[
         "fedavg",
         "--partition",
