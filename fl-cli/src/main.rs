@@ -54,6 +54,10 @@ enum Command {
         /// Title above the plot.
         #[arg(long, default_value = "")]
         title: String,
+        /// Draw each of the K models of runs made with `--eval-models` (FedMR, FedIndep) next
+        /// to their averaged model, as FedMR's Fig. 5.
+        #[arg(long)]
+        models: bool,
     },
     /// A paper-style table of runs: final and best accuracy (mean ± std over seeds), rounds to
     /// a target accuracy, total communication.
@@ -221,7 +225,11 @@ fn main() -> ExitCode {
             out,
             metric,
             title,
-        } => load_groups(&runs).and_then(|g| plot::plot(&g, metric, &title, &out)),
+            models,
+        } => load_groups(&runs).and_then(|g| {
+            let g = if models { report::expand_models(g) } else { g };
+            plot::plot(&g, metric, &title, &out)
+        }),
         Command::Compare {
             runs,
             target,

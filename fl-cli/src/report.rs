@@ -54,6 +54,56 @@ pub fn load_group(dir: &Path) -> anyhow::Result<RunGroup> {
     Ok(RunGroup { label, runs })
 }
 
+/// Splits every group whose runs evaluated each of their K models (`model_acc`, FedMR's and
+/// FedIndep's `--eval-models`) into K curves "LABEL model k" plus "LABEL averaged" (the global
+/// model), as FedMR's Fig. 5 draws them; other groups are kept as they are.
+pub fn expand_models(groups: Vec<RunGroup>) -> Vec<RunGroup> {
+    let per_model = |m: &RoundMetrics, key: &str| -> Option<Vec<f64>> {
+        let values = m.extra.get(key)?.as_array()?;
+        values.iter().map(serde_json::Value::as_f64).collect()
+    };
+    let mut out = Vec::new();
+    for group in groups {
+        let k = group
+            .runs
+            .iter()
+            .flatten()
+            .find_map(|m| per_model(m, "model_acc"))
+            .map_or(0, |v| v.len());
+        if k == 0 {
+            out.push(group);
+            continue;
+        }
+        for model in 0..k {
+            let runs = group
+                .runs
+                .iter()
+                .map(|run| {
+                    run.iter()
+                        .map(|m| {
+                            let pick = |key| per_model(m, key).and_then(|v| v.get(model).copied());
+                            RoundMetrics {
+                                test_acc: pick("model_acc"),
+                                test_loss: pick("model_loss"),
+                                ..m.clone()
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            out.push(RunGroup {
+                label: format!("{} model {}", group.label, model + 1),
+                runs,
+            });
+        }
+        out.push(RunGroup {
+            label: format!("{} averaged", group.label),
+            ..group
+        });
+    }
+    out
+}
+
 /// Mean and (sample) standard deviation.
 pub fn mean_std(xs: &[f64]) -> (f64, f64) {
     let n = xs.len() as f64;
@@ -262,6 +312,37 @@ mod tests {
             eval_seconds: 0.0,
             extra: Default::default(),
         }
+    }
+
+    #[test]
+    fn runs_with_per_model_scores_split_into_one_curve_per_model() {
+        let mut m = round(1, Some(0.5));
+        m.extra
+            .insert("model_acc".into(), serde_json::json!([0.25, 0.75]));
+        let plain = RunGroup {
+            label: "fedavg".into(),
+            runs: vec![vec![round(1, Some(0.4))]],
+        };
+        let indep = RunGroup {
+            label: "fedindep".into(),
+            runs: vec![vec![m]],
+        };
+        let groups = expand_models(vec![plain, indep]);
+        let labels: Vec<&str> = groups.iter().map(|g| g.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "fedavg",
+                "fedindep model 1",
+                "fedindep model 2",
+                "fedindep averaged"
+            ]
+        );
+        let acc = |g: &RunGroup| curve(g, Metric::Accuracy)[0].1;
+        assert_eq!(
+            groups.iter().map(acc).collect::<Vec<_>>(),
+            [40.0, 25.0, 75.0, 50.0]
+        );
     }
 
     #[test]

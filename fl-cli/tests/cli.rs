@@ -382,11 +382,34 @@ fn fedmr_two_stage_and_fedindep_run_end_to_end() {
     assert_eq!(m[1]["stage"], "secure-recombine");
     assert!(m[1]["secure_exchange_bytes"].as_u64().unwrap() > 0);
 
+    // FedIndep with each of its K = 3 models evaluated (FedMR's Fig. 5), drawn by `fl plot`.
     let indep = dir.path().join("fedindep");
     let mut args = small_run(&indep, "2", "2");
     args[0] = "fedindep".into();
+    args.push("--eval-models".into());
     run_ok(&args);
-    assert_eq!(metrics(&indep).len(), 2);
+    let m = metrics(&indep);
+    assert_eq!(m.len(), 2);
+    for l in &m {
+        let accs = l["model_acc"].as_array().unwrap();
+        assert_eq!(accs.len(), 3);
+        assert!(
+            accs.iter()
+                .all(|a| (0.0..=1.0).contains(&a.as_f64().unwrap()))
+        );
+        assert_eq!(l["model_loss"].as_array().unwrap().len(), 3);
+    }
+    // FedIndep's models never mix, so the first round's models differ from each other.
+    assert_ne!(m[0]["model_loss"][0], m[0]["model_loss"][1]);
+    let png = dir.path().join("models.png");
+    run_ok(&[
+        "plot".to_string(),
+        indep.display().to_string(),
+        "--models".into(),
+        "--out".into(),
+        png.display().to_string(),
+    ]);
+    assert!(std::fs::metadata(&png).unwrap().len() > 1000);
 
     let mut args = small_run(&dir.path().join("bad"), "2", "1");
     args[0] = "fedmr".into();

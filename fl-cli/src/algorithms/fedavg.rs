@@ -17,10 +17,14 @@ pub struct FedAvgSettings {
     pub weighted: bool,
 }
 
-/// FedIndep has no settings of its own.
+/// FedIndep's settings (its `[fedindep]` section).
 #[derive(Debug, Clone, PartialEq, Args, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct FedIndepSettings {}
+pub struct FedIndepSettings {
+    /// Also evaluate each of the K models (`model_acc` in metrics.jsonl; `fl plot --models`).
+    #[arg(long)]
+    pub eval_models: bool,
+}
 
 defaults_from_flags!(FedAvgSettings, FedIndepSettings);
 
@@ -36,6 +40,11 @@ impl Settings for FedAvgSettings {
 
 impl Settings for FedIndepSettings {
     fn strategy(&self, _: &RunSettings, _: LabelCounts<'_>) -> anyhow::Result<Box<dyn Strategy>> {
-        Ok(Box::new(FedMr::fedindep()))
+        let s = FedMr::fedindep();
+        Ok(Box::new(if self.eval_models {
+            s.with_model_evaluation()
+        } else {
+            s
+        }))
     }
 }

@@ -44,6 +44,9 @@ pub struct FedMrSettings {
     /// Exchange passes per round with `--secure`.
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub secure_passes: usize,
+    /// Also evaluate each of the K models (`model_acc` in metrics.jsonl; `fl plot --models`).
+    #[arg(long)]
+    pub eval_models: bool,
 }
 
 defaults_from_flags!(FedMrSettings);
@@ -78,6 +81,11 @@ impl FedMrSettings {
 
 impl Settings for FedMrSettings {
     fn strategy(&self, _: &RunSettings, _: LabelCounts<'_>) -> anyhow::Result<Box<dyn Strategy>> {
-        Ok(Box::new(FedMr::new(self.config()?)))
+        let s = FedMr::new(self.config()?);
+        Ok(Box::new(if self.eval_models {
+            s.with_model_evaluation()
+        } else {
+            s
+        }))
     }
 }

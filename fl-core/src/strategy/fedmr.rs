@@ -54,6 +54,7 @@ pub struct FedMr {
     config: FedMrConfig,
     models: ModelSlots,
     name: &'static str,
+    evaluate_models: bool,
 }
 
 impl FedMr {
@@ -63,6 +64,7 @@ impl FedMr {
             config,
             models: ModelSlots::default(),
             name: "fedmr",
+            evaluate_models: false,
         }
     }
 
@@ -77,7 +79,15 @@ impl FedMr {
             },
             models: ModelSlots::default(),
             name: "fedindep",
+            evaluate_models: false,
         }
+    }
+
+    /// Also evaluates each of the K models on the test set (`model_acc`, `model_loss` in
+    /// `metrics.jsonl`; FedMR's Fig. 5 plots them next to the averaged model).
+    pub fn with_model_evaluation(mut self) -> Self {
+        self.evaluate_models = true;
+        self
     }
 
     /// The settings.
@@ -171,6 +181,27 @@ impl Strategy for FedMr {
 
     fn global_model(&self) -> Result<ParamTable, StrategyError> {
         self.models.average()
+    }
+
+    fn evaluate(
+        &mut self,
+        _round: usize,
+        eval: &dyn super::Evaluator,
+    ) -> Result<super::Evaluation, StrategyError> {
+        let (acc, loss) = eval.test_set(&self.global_model()?)?;
+        let mut extra = super::Metrics::new();
+        if self.evaluate_models {
+            let scores = self
+                .models
+                .models()
+                .iter()
+                .map(|m| eval.test_set(m))
+                .collect::<Result<Vec<_>, _>>()?;
+            let (accs, losses): (Vec<f64>, Vec<f64>) = scores.into_iter().unzip();
+            extra.insert("model_acc".into(), accs.into());
+            extra.insert("model_loss".into(), losses.into());
+        }
+        Ok(super::Evaluation { acc, loss, extra })
     }
 
     fn state(&self) -> StrategyState {
