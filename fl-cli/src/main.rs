@@ -60,7 +60,7 @@ enum Command {
         models: bool,
     },
     /// A paper-style table of runs: final and best accuracy (mean ± std over seeds), rounds to
-    /// a target accuracy, total communication.
+    /// a target accuracy (and wall-clock seconds to it), total communication.
     Compare {
         /// Run directories (or directories of runs).
         #[arg(required = true)]

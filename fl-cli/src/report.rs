@@ -186,6 +186,8 @@ struct RunSummary {
     final_acc: f64,
     best_acc: f64,
     rounds_to_target: Option<usize>,
+    /// Wall-clock seconds (training, aggregation, evaluation) until the target was reached.
+    seconds_to_target: Option<f64>,
     megabytes: f64,
     rounds: usize,
 }
@@ -200,6 +202,13 @@ fn summarise(run: &[RoundMetrics], target: f64) -> Option<RunSummary> {
         final_acc,
         best_acc: evaluated.iter().map(|x| x.1).fold(f64::MIN, f64::max),
         rounds_to_target: evaluated.iter().find(|x| x.1 >= target).map(|x| x.0),
+        seconds_to_target: {
+            let mut elapsed = 0.0;
+            run.iter().find_map(|m| {
+                elapsed += m.train_seconds + m.aggregate_seconds + m.eval_seconds;
+                m.test_acc.filter(|&a| a >= target).map(|_| elapsed)
+            })
+        },
         megabytes: run.iter().map(round_bytes).sum::<f64>() / 1e6,
         rounds: run.last().map_or(0, |m| m.round),
     })
@@ -227,6 +236,7 @@ pub fn compare_table(
         "final acc (%)".into(),
         "best acc (%)".into(),
         format!("rounds to {:.0}%", 100.0 * target),
+        format!("seconds to {:.0}%", 100.0 * target),
         "total MB".into(),
     ];
     let mut rows = vec![header.to_vec()];
@@ -245,16 +255,27 @@ pub fn compare_table(
                 format!("{:.2}", scale * m)
             }
         };
-        let reached: Vec<f64> = summaries
-            .iter()
-            .filter_map(|s| s.rounds_to_target.map(|r| r as f64))
-            .collect();
-        let to_target = if reached.len() == summaries.len() {
-            let (m, _) = mean_std(&reached);
-            format!("{m:.0}")
-        } else {
-            format!("not reached ({}/{})", reached.len(), summaries.len())
+        // Mean over the runs when every run reached the target.
+        let to_target = |reached: Vec<f64>| {
+            if reached.len() == summaries.len() {
+                let (m, _) = mean_std(&reached);
+                format!("{m:.0}")
+            } else {
+                format!("not reached ({}/{})", reached.len(), summaries.len())
+            }
         };
+        let rounds_to = to_target(
+            summaries
+                .iter()
+                .filter_map(|s| s.rounds_to_target.map(|r| r as f64))
+                .collect(),
+        );
+        let seconds_to = to_target(
+            summaries
+                .iter()
+                .filter_map(|s| s.seconds_to_target)
+                .collect(),
+        );
         rows.push(vec![
             g.label.clone(),
             summaries.len().to_string(),
@@ -266,7 +287,8 @@ pub fn compare_table(
                 .to_string(),
             pm(summaries.iter().map(|s| s.final_acc).collect(), 100.0),
             pm(summaries.iter().map(|s| s.best_acc).collect(), 100.0),
-            to_target,
+            rounds_to,
+            seconds_to,
             pm(summaries.iter().map(|s| s.megabytes).collect(), 1.0),
         ]);
     }
@@ -307,9 +329,9 @@ mod tests {
             clients: vec![0],
             bytes_down: 500_000,
             bytes_up: 500_000,
-            train_seconds: 0.0,
-            aggregate_seconds: 0.0,
-            eval_seconds: 0.0,
+            train_seconds: 2.0,
+            aggregate_seconds: 0.5,
+            eval_seconds: 0.5,
             extra: Default::default(),
         }
     }
@@ -365,12 +387,20 @@ mod tests {
         assert!(lines[0].contains("rounds to 80%"));
         assert_eq!(
             lines[2],
-            "| fedx | 2 | 3 | 80.00 ± 14.14 | 80.00 ± 14.14 | not reached (1/2) | 3.00 ± 0.00 |"
+            "| fedx | 2 | 3 | 80.00 ± 14.14 | 80.00 ± 14.14 | not reached (1/2) | not reached (1/2) | 3.00 ± 0.00 |"
         );
+        // The first run reaches 80% in round 3, after 3 × 3 s of training, aggregation and
+        // evaluation.
+        let first = RunGroup {
+            runs: g.runs[..1].to_vec(),
+            ..g.clone()
+        };
+        let csv = compare_table(&[first], 0.8, TableFormat::Csv).unwrap();
+        assert_eq!(csv.lines().nth(1).unwrap(), "fedx,1,3,90.00,90.00,3,9,3.00");
         let csv = compare_table(&[g], 0.5, TableFormat::Csv).unwrap();
         assert_eq!(
             csv.lines().nth(1).unwrap(),
-            "fedx,2,3,80.00+-14.14,80.00+-14.14,1,3.00+-0.00"
+            "fedx,2,3,80.00+-14.14,80.00+-14.14,1,3,3.00+-0.00"
         );
     }
 
