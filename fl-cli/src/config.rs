@@ -201,18 +201,16 @@ impl RunConfig {
                 path.display()
             );
         }
-        let defaults = Algorithm::with_defaults(&name)?;
-        let mut section = split_section(&mut file, &defaults).with_context(|| {
-            format!(
-                "invalid config {}",
-                args.config.as_deref().unwrap_or(Path::new("")).display()
-            )
-        })?;
-        let mut run = defaults.settings().run_defaults();
-        run.extend(file);
+        let invalid = || match &args.config {
+            Some(path) => format!("invalid config {}", path.display()),
+            None => "invalid settings".into(),
+        };
+        // The file's settings (its own flat keys moved into the section), then the flags given.
+        let mut section =
+            split_section(&mut file, &Algorithm::with_defaults(&name)?).with_context(invalid)?;
         for (key, value) in to_table(&args.settings) {
             if args.given(&key) {
-                run.insert(key, value);
+                file.insert(key, value);
             }
         }
         if let Some(command) = command {
@@ -222,13 +220,9 @@ impl RunConfig {
                 }
             }
         }
-        let mut cfg = Self {
-            run: run.try_into().context("invalid settings")?,
-            algorithm: Algorithm::from_section(&name, section)
-                .with_context(|| format!("invalid [{name}] settings"))?,
-        };
-        cfg.settle();
-        Ok(cfg)
+        file.insert(name.clone(), Value::Table(section));
+        file.insert("algorithm".into(), name.into());
+        Self::from_table(&mut file).with_context(invalid)
     }
 
     /// Reads a run's `config.toml` (or any config file, as written).

@@ -40,11 +40,8 @@ impl Settings for FedAvgSettings {
 
 impl Settings for FedIndepSettings {
     fn strategy(&self, _: &RunSettings, _: LabelCounts<'_>) -> anyhow::Result<Box<dyn Strategy>> {
-        let s = FedMr::fedindep();
-        Ok(Box::new(if self.eval_models {
-            s.with_model_evaluation()
-        } else {
-            s
-        }))
+        Ok(Box::new(
+            FedMr::fedindep().with_model_evaluation(self.eval_models),
+        ))
     }
 }

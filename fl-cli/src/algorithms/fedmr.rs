@@ -81,11 +81,8 @@ impl FedMrSettings {
 
 impl Settings for FedMrSettings {
     fn strategy(&self, _: &RunSettings, _: LabelCounts<'_>) -> anyhow::Result<Box<dyn Strategy>> {
-        let s = FedMr::new(self.config()?);
-        Ok(Box::new(if self.eval_models {
-            s.with_model_evaluation()
-        } else {
-            s
-        }))
+        Ok(Box::new(
+            FedMr::new(self.config()?).with_model_evaluation(self.eval_models),
+        ))
     }
 }

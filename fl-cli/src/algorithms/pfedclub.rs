@@ -8,7 +8,7 @@ use fl_core::strategy::pfedclub::cmsr::{Anchor, SearchRules};
 use fl_core::strategy::pfedclub::stitch::StitchTraining;
 use fl_core::strategy::pfedclub::{ClubConfig, Method, PFedClub, PublicData};
 use fl_core::{ClientModels, Simulation, Strategy};
-use fl_data::{FederatedDataset, Partition, PersonalSplit};
+use fl_data::{FederatedDataset, Partition, PartitionScheme, PersonalSplit};
 use fl_models::{ModelKind, ModelZoo, ZooModel};
 use serde::{Deserialize, Serialize};
 
@@ -202,17 +202,22 @@ impl Settings for PfedclubSettings {
 
     fn check(&self, run: &RunSettings) -> anyhow::Result<()> {
         self.architectures(run)?;
-        if run.partition_scheme()?.is_none() {
-            bail!(
-                "pFedClub draws its own split; --partition {:?} does not apply",
-                run.partition
-            );
-        }
+        drawn_scheme(run)?;
         if matches!(self.max_samples, Some(n) if n < 2) {
             bail!("--max-samples must be at least 2");
         }
         self.club().validate().map_err(anyhow::Error::msg)
     }
+}
+
+/// The partition scheme pFedClub draws its split with (not the natural split, not a file).
+fn drawn_scheme(run: &RunSettings) -> anyhow::Result<PartitionScheme> {
+    run.partition_scheme()?.with_context(|| {
+        format!(
+            "pFedClub draws its own split; --partition {:?} does not apply",
+            run.partition
+        )
+    })
 }
 
 /// One pFedClub run on the engine (new, or continued with `resume`): pools the training and
@@ -241,12 +246,7 @@ pub fn run_one(
         pooled = pooled.subset(&keep);
     }
     let split = PersonalSplit::new(
-        &run.partition_scheme()?.with_context(|| {
-            format!(
-                "pFedClub draws its own split; --partition {:?} does not apply",
-                run.partition
-            )
-        })?,
+        &drawn_scheme(run)?,
         pooled.labels(),
         pooled.num_classes(),
         run.clients,

@@ -83,10 +83,10 @@ impl FedMr {
         }
     }
 
-    /// Also evaluates each of the K models on the test set (`model_acc`, `model_loss` in
-    /// `metrics.jsonl`; FedMR's Fig. 5 plots them next to the averaged model).
-    pub fn with_model_evaluation(mut self) -> Self {
-        self.evaluate_models = true;
+    /// With `on`, also evaluates each of the K models on the test set (`model_acc`,
+    /// `model_loss` in `metrics.jsonl`; FedMR's Fig. 5 plots them next to the averaged model).
+    pub fn with_model_evaluation(mut self, on: bool) -> Self {
+        self.evaluate_models = on;
         self
     }
 
