@@ -33,7 +33,7 @@ impl Settings for FedAvgMSettings {
             "--server-momentum must be in [0, 1)",
         )?;
         let mut s = FedAvgM::new(self.server_momentum, self.server_lr);
-        s.weighted = self.weighted;
+        s.server.weighted = self.weighted;
         Ok(Box::new(s))
     }
 }

@@ -28,9 +28,9 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use super::{
-    ClientTables, FedAvg, RoundContext, RoundPlan, Strategy, StrategyError, StrategyState,
-};
+use super::fedavg::Average;
+use super::fedavg_with::{ClientRule, FedAvgWith};
+use super::{ClientTables, Metrics, RoundContext, StrategyError, StrategyState};
 use crate::layers::{LayerError, ParamKind, ParamTable};
 use crate::trainer::LocalUpdate;
 
@@ -75,9 +75,19 @@ impl Default for ClusampConfig {
 }
 
 /// Clustered sampling with equal-weight averaging.
+pub type Clusamp = FedAvgWith<ClusteredSampling, Average>;
+
+impl Clusamp {
+    /// Clustered sampling with `config`.
+    pub fn new(config: ClusampConfig) -> Self {
+        Self::compose(ClusteredSampling::new(config), Average { weighted: false })
+    }
+}
+
+/// Clustered sampling's client rule: it picks the round's clients from the clusters of their
+/// latest updates.
 #[derive(Debug, Clone)]
-pub struct Clusamp {
-    avg: FedAvg,
+pub struct ClusteredSampling {
     config: ClusampConfig,
     /// Each client's latest update (full table; only trainable tensors are compared).
     updates: ClientTables,
@@ -90,11 +100,10 @@ pub struct Clusamp {
     last_clusters: usize,
 }
 
-impl Clusamp {
-    /// Clustered sampling with `config`.
+impl ClusteredSampling {
+    /// The rule with `config`.
     pub fn new(config: ClusampConfig) -> Self {
         Self {
-            avg: FedAvg::unweighted(),
             config,
             updates: ClientTables::default(),
             flat: BTreeMap::new(),
@@ -364,9 +373,9 @@ fn trainable_host(table: &ParamTable) -> Result<Vec<f32>, LayerError> {
         .collect())
 }
 
-impl Clusamp {
+impl ClusteredSampling {
     /// One client per cluster-based distribution (`None` if a distribution were empty).
-    fn select(
+    fn choose(
         &mut self,
         client_sizes: &[usize],
         sample: usize,
@@ -390,13 +399,12 @@ impl Clusamp {
     }
 }
 
-impl Strategy for Clusamp {
+impl ClientRule for ClusteredSampling {
     fn name(&self) -> &'static str {
         "clusamp"
     }
 
-    fn init(&mut self, initial: ParamTable, sample: usize) -> Result<(), StrategyError> {
-        self.avg.init(initial, sample)?;
+    fn init(&mut self, _initial: &ParamTable) -> Result<(), StrategyError> {
         self.updates.clear();
         self.flat.clear();
         self.distances.clear();
@@ -404,54 +412,37 @@ impl Strategy for Clusamp {
         Ok(())
     }
 
-    fn configure_round(
-        &mut self,
-        _round: usize,
-        ctx: &mut RoundContext<'_>,
-    ) -> Result<RoundPlan, StrategyError> {
-        let clients = match self.select(ctx.client_sizes, ctx.sample, ctx.rng) {
-            Some(chosen) => chosen,
-            None => ctx.sample_uniform(),
-        };
-        let global = self.avg.global_model()?;
-        let starts = vec![global; clients.len()];
-        Ok(RoundPlan::new(ctx.train, &clients, starts))
+    fn select(&mut self, ctx: &mut RoundContext<'_>) -> Option<Vec<usize>> {
+        self.choose(ctx.client_sizes, ctx.sample, ctx.rng)
     }
 
-    fn aggregate(
+    fn observe(
         &mut self,
-        round: usize,
-        updates: Vec<LocalUpdate>,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, StrategyError> {
-        let global = self.avg.global_model()?;
-        for u in &updates {
-            let delta = u.table.sub(&global)?;
+        _round: usize,
+        global: &ParamTable,
+        updates: &[LocalUpdate],
+        _rng: &mut ChaCha8Rng,
+    ) -> Result<Metrics, StrategyError> {
+        for u in updates {
+            let delta = u.table.sub(global)?;
             self.flat.insert(u.client, trainable_host(&delta)?);
             self.updates.insert(u.client, delta);
             self.stale.push(u.client);
         }
         let distinct: std::collections::BTreeSet<usize> =
             updates.iter().map(|u| u.client).collect();
-        let mut extra = self.avg.aggregate(round, updates, rng)?;
+        let mut extra = Metrics::new();
         extra.insert("clusters".into(), self.last_clusters.into());
         extra.insert("distinct_clients".into(), distinct.len().into());
         Ok(extra)
     }
 
-    fn global_model(&self) -> Result<ParamTable, StrategyError> {
-        self.avg.global_model()
+    fn save(&self, state: &mut StrategyState) {
+        self.updates.save_into(state);
     }
 
-    fn state(&self) -> StrategyState {
-        let mut state = self.avg.state();
-        self.updates.save_into(&mut state);
-        state
-    }
-
-    fn restore(&mut self, mut state: StrategyState) -> Result<(), StrategyError> {
-        self.updates = ClientTables::take_from("clustered sampling", &mut state, 1)?;
-        self.avg.restore(state)?;
+    fn load(&mut self, state: &mut StrategyState) -> Result<(), StrategyError> {
+        self.updates = ClientTables::take_from("clustered sampling", state, 1)?;
         self.flat = self
             .updates
             .iter()
@@ -564,8 +555,8 @@ mod tests {
     /// client from each group.
     #[test]
     fn similar_clients_are_not_sampled_together() {
-        let mut s = Clusamp::new(ClusampConfig::default());
-        s.init(ParamTable::from_module(&crate::test_model::tiny(1)), 2)
+        let mut s = ClusteredSampling::new(ClusampConfig::default());
+        s.init(&ParamTable::from_module(&crate::test_model::tiny(1)))
             .unwrap();
         let n = 8;
         for c in 0..n {
@@ -576,7 +567,7 @@ mod tests {
         let sizes = vec![10; n];
         for seed in 0..20 {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let chosen = s.select(&sizes, 2, &mut rng).unwrap();
+            let chosen = s.choose(&sizes, 2, &mut rng).unwrap();
             let groups: Vec<bool> = chosen.iter().map(|&c| c < n / 2).collect();
             assert_ne!(groups[0], groups[1], "seed {seed}: {chosen:?}");
         }

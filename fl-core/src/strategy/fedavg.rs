@@ -1,35 +1,23 @@
 //! FedAvg (McMahan et al., 2017): every sampled client starts from the global model; the new
 //! global model is the average of the uploads, weighted by local sample counts (or unweighted).
 
-use rand_chacha::ChaCha8Rng;
-
-use super::{RoundContext, RoundPlan, Strategy, StrategyError, StrategyState};
+use super::fedavg_with::{FedAvgWith, Plain, ServerStep};
+use super::{Metrics, StrategyError, StrategyState};
 use crate::layers::ParamTable;
 use crate::trainer::LocalUpdate;
 
 /// Federated averaging with one server model.
-#[derive(Debug, Clone, Default)]
-pub struct FedAvg {
-    global: Option<ParamTable>,
-    /// Weight uploads by their clients' sample counts (the paper's rule) or equally.
-    pub weighted: bool,
-}
+pub type FedAvg = FedAvgWith<Plain, Average>;
 
 impl FedAvg {
     /// FedAvg weighted by sample counts.
     pub fn weighted() -> Self {
-        Self {
-            global: None,
-            weighted: true,
-        }
+        Self::compose(Plain, Average { weighted: true })
     }
 
     /// FedAvg with equal weights.
     pub fn unweighted() -> Self {
-        Self {
-            global: None,
-            weighted: false,
-        }
+        Self::compose(Plain, Average { weighted: false })
     }
 
     /// Averages `updates` the FedAvg way.
@@ -43,59 +31,34 @@ impl FedAvg {
     }
 }
 
-impl Strategy for FedAvg {
-    fn name(&self) -> &'static str {
-        "fedavg"
-    }
+/// FedAvg's server step: the next global model is the average of the uploads.
+#[derive(Debug, Clone, Copy)]
+pub struct Average {
+    /// Weight uploads by their clients' sample counts (the paper's rule) or equally.
+    pub weighted: bool,
+}
 
-    fn init(&mut self, initial: ParamTable, _sample: usize) -> Result<(), StrategyError> {
-        self.global = Some(initial);
-        Ok(())
-    }
-
-    fn configure_round(
+impl ServerStep for Average {
+    fn step(
         &mut self,
-        _round: usize,
-        ctx: &mut RoundContext<'_>,
-    ) -> Result<RoundPlan, StrategyError> {
-        super::broadcast(self.global.as_ref(), ctx)
+        _global: &ParamTable,
+        updates: &[LocalUpdate],
+    ) -> Result<(ParamTable, Metrics), StrategyError> {
+        Ok((FedAvg::average(updates, self.weighted)?, Metrics::new()))
     }
 
-    fn aggregate(
-        &mut self,
-        _round: usize,
-        updates: Vec<LocalUpdate>,
-        _rng: &mut ChaCha8Rng,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, StrategyError> {
-        self.global = Some(Self::average(&updates, self.weighted)?);
-        Ok(Default::default())
-    }
-
-    fn global_model(&self) -> Result<ParamTable, StrategyError> {
-        self.global.clone().ok_or(StrategyError::NotInitialised)
-    }
-
-    fn state(&self) -> StrategyState {
-        StrategyState {
-            tables: self.global.iter().cloned().collect(),
-            extra: serde_json::json!({ "weighted": self.weighted }),
-        }
-    }
-
-    fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
-        let [global] = <[ParamTable; 1]>::try_from(state.tables).map_err(|t| {
-            StrategyError::Restore(format!("FedAvg keeps 1 model, checkpoint has {}", t.len()))
-        })?;
-        self.global = Some(global);
-        Ok(())
+    fn save(&self, state: &mut StrategyState) {
+        state.extra["weighted"] = self.weighted.into();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::Strategy;
     use crate::test_model::{flat as host, plan, starts, upload as update};
     use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
 
     fn blend(a: &[f32], b: &[f32], wa: f32) -> Vec<f32> {
         a.iter()

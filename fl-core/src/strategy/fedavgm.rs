@@ -2,16 +2,32 @@
 //! pseudo-gradient `Δ = x − avg(yᵢ)`; the server keeps `v ← β·v + Δ` and steps `x ← x − η·v`.
 //! BatchNorm running statistics are not optimised: they take the plain average.
 
-use rand_chacha::ChaCha8Rng;
-
-use super::{FedAvg, RoundContext, RoundPlan, Strategy, StrategyError, StrategyState};
+use super::fedavg_with::{FedAvgWith, Plain, ServerStep};
+use super::{FedAvg, Metrics, StrategyError, StrategyState};
 use crate::layers::ParamTable;
 use crate::trainer::LocalUpdate;
 
 /// FedAvg with server momentum.
+pub type FedAvgM = FedAvgWith<Plain, ServerMomentum>;
+
+impl FedAvgM {
+    /// FedAvgM with server momentum `momentum` and learning rate `server_lr`.
+    pub fn new(momentum: f64, server_lr: f64) -> Self {
+        Self::compose(
+            Plain,
+            ServerMomentum {
+                velocity: None,
+                momentum,
+                server_lr,
+                weighted: true,
+            },
+        )
+    }
+}
+
+/// FedAvgM's server step: a momentum step along the averaged pseudo-gradient.
 #[derive(Debug, Clone)]
-pub struct FedAvgM {
-    global: Option<ParamTable>,
+pub struct ServerMomentum {
     velocity: Option<ParamTable>,
     /// Server momentum β (default 0.9).
     pub momentum: f64,
@@ -21,78 +37,49 @@ pub struct FedAvgM {
     pub weighted: bool,
 }
 
-impl FedAvgM {
-    /// FedAvgM with server momentum `momentum` and learning rate `server_lr`.
-    pub fn new(momentum: f64, server_lr: f64) -> Self {
-        Self {
-            global: None,
-            velocity: None,
-            momentum,
-            server_lr,
-            weighted: true,
-        }
-    }
-}
-
-impl Strategy for FedAvgM {
-    fn name(&self) -> &'static str {
-        "fedavgm"
+impl ServerStep for ServerMomentum {
+    fn name(&self) -> Option<&'static str> {
+        Some("fedavgm")
     }
 
-    fn init(&mut self, initial: ParamTable, _sample: usize) -> Result<(), StrategyError> {
+    fn init(&mut self, initial: &ParamTable) -> Result<(), StrategyError> {
         self.velocity = Some(initial.zeros_like());
-        self.global = Some(initial);
         Ok(())
     }
 
-    fn configure_round(
+    fn step(
         &mut self,
-        _round: usize,
-        ctx: &mut RoundContext<'_>,
-    ) -> Result<RoundPlan, StrategyError> {
-        super::broadcast(self.global.as_ref(), ctx)
-    }
-
-    fn aggregate(
-        &mut self,
-        _round: usize,
-        updates: Vec<LocalUpdate>,
-        _rng: &mut ChaCha8Rng,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, StrategyError> {
-        let (Some(global), Some(velocity)) = (&self.global, &self.velocity) else {
-            return Err(StrategyError::NotInitialised);
-        };
-        let average = FedAvg::average(&updates, self.weighted)?;
+        global: &ParamTable,
+        updates: &[LocalUpdate],
+    ) -> Result<(ParamTable, Metrics), StrategyError> {
+        let velocity = self
+            .velocity
+            .as_ref()
+            .ok_or(StrategyError::NotInitialised)?;
+        let average = FedAvg::average(updates, self.weighted)?;
         let pseudo_gradient = global.sub(&average)?;
         let velocity = velocity.combine(self.momentum, &pseudo_gradient, 1.0)?;
         let stepped = global.combine(1.0, &velocity, -self.server_lr)?;
-        self.global = Some(stepped.with_buffers_from(&average)?);
-        let mut metrics = serde_json::Map::new();
+        let mut metrics = Metrics::new();
         metrics.insert("velocity_norm".into(), velocity.sq_norm()?.sqrt().into());
         self.velocity = Some(velocity);
-        Ok(metrics)
+        Ok((stepped.with_buffers_from(&average)?, metrics))
     }
 
-    fn global_model(&self) -> Result<ParamTable, StrategyError> {
-        self.global.clone().ok_or(StrategyError::NotInitialised)
+    fn save(&self, state: &mut StrategyState) {
+        state.tables.extend(self.velocity.iter().cloned());
+        state.extra["momentum"] = self.momentum.into();
+        state.extra["server_lr"] = self.server_lr.into();
     }
 
-    fn state(&self) -> StrategyState {
-        StrategyState {
-            tables: self.global.iter().chain(&self.velocity).cloned().collect(),
-            extra: serde_json::json!({ "momentum": self.momentum, "server_lr": self.server_lr }),
-        }
-    }
-
-    fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
-        let [global, velocity] = <[ParamTable; 2]>::try_from(state.tables).map_err(|t| {
-            StrategyError::Restore(format!(
+    fn load(&mut self, state: &mut StrategyState) -> Result<(), StrategyError> {
+        if state.tables.len() != 2 {
+            return Err(StrategyError::Restore(format!(
                 "FedAvgM keeps a model and a velocity, the checkpoint has {} tables",
-                t.len()
-            ))
-        })?;
-        self.global = Some(global);
-        self.velocity = Some(velocity);
+                state.tables.len()
+            )));
+        }
+        self.velocity = state.tables.pop();
         Ok(())
     }
 }
@@ -100,8 +87,10 @@ impl Strategy for FedAvgM {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::Strategy;
     use crate::test_model::{close, flat, upload};
     use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
 
     fn round(s: &mut impl Strategy, r: usize, seeds: [u64; 2]) -> Vec<f32> {
         let ups = vec![upload(seeds[0], 10), upload(seeds[1], 30)];

@@ -7,29 +7,29 @@
 //! the plain average. The paper also reports the average of the last two iterates for
 //! evaluation; we deploy the last iterate.
 
-use rand_chacha::ChaCha8Rng;
-
-use super::{RoundContext, RoundPlan, Strategy, StrategyError, StrategyState};
+use super::fedavg_with::{FedAvgWith, Plain, ServerStep};
+use super::{Metrics, StrategyError, StrategyState};
 use crate::layers::{ParamKind, ParamTable};
 use crate::trainer::LocalUpdate;
 
 /// FedAvg with FedExP's extrapolated server step.
-#[derive(Debug, Clone)]
-pub struct FedExP {
-    global: Option<ParamTable>,
-    /// ε of the step-size rule (paper: 10⁻³).
-    pub epsilon: f64,
-}
+pub type FedExP = FedAvgWith<Plain, Extrapolation>;
 
 impl FedExP {
     /// FedExP with the given ε.
     pub fn new(epsilon: f64) -> Self {
-        Self {
-            global: None,
-            epsilon,
-        }
+        Self::compose(Plain, Extrapolation { epsilon })
     }
+}
 
+/// FedExP's server step: the averaged pseudo-gradient, extrapolated.
+#[derive(Debug, Clone, Copy)]
+pub struct Extrapolation {
+    /// ε of the step-size rule (paper: 10⁻³).
+    pub epsilon: f64,
+}
+
+impl Extrapolation {
     /// The server step size for client pseudo-gradients with `Σ‖Δᵢ‖² = sum_sq` over `m`
     /// clients whose mean has squared norm `mean_sq`.
     pub fn step_size(sum_sq: f64, mean_sq: f64, m: usize, epsilon: f64) -> f64 {
@@ -37,31 +37,16 @@ impl FedExP {
     }
 }
 
-impl Strategy for FedExP {
-    fn name(&self) -> &'static str {
-        "fedexp"
+impl ServerStep for Extrapolation {
+    fn name(&self) -> Option<&'static str> {
+        Some("fedexp")
     }
 
-    fn init(&mut self, initial: ParamTable, _sample: usize) -> Result<(), StrategyError> {
-        self.global = Some(initial);
-        Ok(())
-    }
-
-    fn configure_round(
+    fn step(
         &mut self,
-        _round: usize,
-        ctx: &mut RoundContext<'_>,
-    ) -> Result<RoundPlan, StrategyError> {
-        super::broadcast(self.global.as_ref(), ctx)
-    }
-
-    fn aggregate(
-        &mut self,
-        _round: usize,
-        updates: Vec<LocalUpdate>,
-        _rng: &mut ChaCha8Rng,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, StrategyError> {
-        let global = self.global.as_ref().ok_or(StrategyError::NotInitialised)?;
+        global: &ParamTable,
+        updates: &[LocalUpdate],
+    ) -> Result<(ParamTable, Metrics), StrategyError> {
         let uploads: Vec<ParamTable> = updates.iter().map(|u| u.table.clone()).collect();
         let average = ParamTable::average(&uploads, None)?;
         let deltas = uploads
@@ -78,38 +63,24 @@ impl Strategy for FedExP {
         let mean_sq = trainable(&mean_delta).sq_norm()?;
         let eta = Self::step_size(sum_sq, mean_sq, uploads.len(), self.epsilon);
         let stepped = global.combine(1.0, &mean_delta, -eta)?;
-        self.global = Some(stepped.with_buffers_from(&average)?);
-        let mut metrics = serde_json::Map::new();
+        let mut metrics = Metrics::new();
         metrics.insert("server_lr".into(), eta.into());
-        Ok(metrics)
+        Ok((stepped.with_buffers_from(&average)?, metrics))
     }
 
-    fn global_model(&self) -> Result<ParamTable, StrategyError> {
-        self.global.clone().ok_or(StrategyError::NotInitialised)
-    }
-
-    fn state(&self) -> StrategyState {
-        StrategyState {
-            tables: self.global.iter().cloned().collect(),
-            extra: serde_json::json!({ "epsilon": self.epsilon }),
-        }
-    }
-
-    fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
-        let [global] = <[ParamTable; 1]>::try_from(state.tables).map_err(|t| {
-            StrategyError::Restore(format!("FedExP keeps 1 model, checkpoint has {}", t.len()))
-        })?;
-        self.global = Some(global);
-        Ok(())
+    fn save(&self, state: &mut StrategyState) {
+        state.extra["epsilon"] = self.epsilon.into();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::Strategy;
     use crate::test_model::{close, flat, upload};
     use proptest::prelude::{ProptestConfig, prop_assert, proptest};
     use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
 
     fn aggregate(s: &mut FedExP, seeds: &[u64]) -> f64 {
         let ups = seeds.iter().map(|&k| upload(k, 10)).collect();
@@ -156,6 +127,6 @@ mod tests {
             .unwrap();
         let eta = m["server_lr"].as_f64().unwrap();
         assert!(eta > 10.0, "eta {eta}");
-        assert_eq!(FedExP::step_size(10.0, 0.0, 1, 1.0), 5.0);
+        assert_eq!(Extrapolation::step_size(10.0, 0.0, 1, 1.0), 5.0);
     }
 }

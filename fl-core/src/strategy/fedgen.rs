@@ -519,6 +519,7 @@ impl ClientRule for FedGenRule {
     fn observe(
         &mut self,
         round: usize,
+        _global: &ParamTable,
         updates: &[LocalUpdate],
         rng: &mut ChaCha8Rng,
     ) -> Result<Metrics, StrategyError> {

@@ -23,13 +23,13 @@ pub mod moon;
 pub mod pfedclub;
 pub mod scaffold;
 
-pub use clusamp::{Clusamp, ClusampConfig};
+pub use clusamp::{Clusamp, ClusampConfig, ClusteredSampling};
 pub use fedasam::{FedAsam, SharpnessAware};
-pub use fedavg::FedAvg;
-pub use fedavg_with::{ClientRule, FedAvgWith};
-pub use fedavgm::FedAvgM;
+pub use fedavg::{Average, FedAvg};
+pub use fedavg_with::{ClientRule, FedAvgWith, Plain, ServerStep};
+pub use fedavgm::{FedAvgM, ServerMomentum};
 pub use fedcross::{FedCross, FedCrossConfig};
-pub use fedexp::FedExP;
+pub use fedexp::{Extrapolation, FedExP};
 pub use fedgen::{FedGen, FedGenConfig, FedGenRule};
 pub use fedmr::{FedMr, FedMrConfig};
 pub use fedmut::{FedMut, FedMutConfig};

@@ -144,6 +144,7 @@ impl ClientRule for MoonRule {
     fn observe(
         &mut self,
         _round: usize,
+        _global: &ParamTable,
         updates: &[LocalUpdate],
         _rng: &mut ChaCha8Rng,
     ) -> Result<Metrics, StrategyError> {
