@@ -5,8 +5,10 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
-use fl_core::Classifier;
 use fl_core::layers::BlockSpec;
+use fl_core::{BlockForward, Features};
+
+use crate::common::run_blocks;
 
 /// Configuration of [`Cnn`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -87,42 +89,13 @@ impl CnnConfig {
     }
 }
 
-impl Classifier for Cnn {
-    fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        self.classify(self.represent(images))
-    }
-
-    fn blocks(&self) -> Vec<BlockSpec> {
-        self.block_specs.clone()
-    }
-
-    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
-        Some(self.represent(images))
-    }
-
-    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
-        Some(self.classify(features))
-    }
-}
+classifier_from_parts!(Cnn);
 
 impl Cnn {
     /// Everything up to the last FC layer's input.
     fn represent(&self, images: Tensor<4>) -> Tensor<2> {
-        // ReLU and max-pool commute, so both variants can pool first (less work for the ReLU).
-        let x = relu(max_pool2d_forward(
-            &self.pool,
-            conv2d_forward(&self.conv1, images),
-        ));
-        let x = relu(max_pool2d_forward(
-            &self.pool,
-            conv2d_forward(&self.conv2, x),
-        ));
-        let mut x: Tensor<2> = x.flatten(1, 3);
-        let (_, hidden) = self.fc.split_last().expect("at least one FC layer");
-        for layer in hidden {
-            x = relu(layer.forward(x));
-        }
-        x
+        let last = self.block_specs.len() - 1;
+        run_blocks(self, 0..last, Features::Map(images)).into_flat()
     }
 
     /// The last FC layer.
@@ -134,9 +107,30 @@ impl Cnn {
     }
 }
 
+impl BlockForward for Cnn {
+    fn forward_block(&self, index: usize, x: Features) -> Features {
+        // ReLU and max-pool commute, so both variants can pool first (less work for the ReLU).
+        let conv = |conv, x: Features| {
+            relu(max_pool2d_forward(
+                &self.pool,
+                conv2d_forward(conv, x.into_map()),
+            ))
+        };
+        match index {
+            0 => Features::Map(conv(&self.conv1, x)),
+            1 => Features::Flat(conv(&self.conv2, x).flatten(1, 3)),
+            i if i - 2 + 1 < self.fc.len() => {
+                Features::Flat(relu(self.fc[i - 2].forward(x.into_flat())))
+            }
+            _ => Features::Flat(self.classify(x.into_flat())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fl_core::Classifier;
 
     fn device() -> Device {
         Device::flex()

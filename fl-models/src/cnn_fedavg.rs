@@ -5,8 +5,10 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
-use fl_core::Classifier;
 use fl_core::layers::BlockSpec;
+use fl_core::{BlockForward, Features};
+
+use crate::common::run_blocks;
 
 /// Configuration of [`CnnFedAvg`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -60,36 +62,38 @@ impl CnnFedAvgConfig {
     }
 }
 
-impl Classifier for CnnFedAvg {
-    fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        self.fc2.forward(self.represent(images))
-    }
-
-    fn blocks(&self) -> Vec<BlockSpec> {
-        self.block_specs.clone()
-    }
-
-    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
-        Some(self.represent(images))
-    }
-
-    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
-        Some(self.fc2.forward(features))
-    }
-}
+classifier_from_parts!(CnnFedAvg);
 
 impl CnnFedAvg {
     /// Everything up to FC2's input.
     fn represent(&self, images: Tensor<4>) -> Tensor<2> {
-        let x = max_pool2d_forward(&self.pool, relu(conv2d_forward(&self.conv1, images)));
-        let x = max_pool2d_forward(&self.pool, relu(conv2d_forward(&self.conv2, x)));
-        relu(self.fc1.forward(x.flatten(1, 3)))
+        run_blocks(self, 0..3, Features::Map(images)).into_flat()
+    }
+
+    /// FC2.
+    fn classify(&self, features: Tensor<2>) -> Tensor<2> {
+        self.fc2.forward(features)
+    }
+}
+
+impl BlockForward for CnnFedAvg {
+    fn forward_block(&self, index: usize, x: Features) -> Features {
+        let conv = |conv, x: Features| {
+            max_pool2d_forward(&self.pool, relu(conv2d_forward(conv, x.into_map())))
+        };
+        match index {
+            0 => Features::Map(conv(&self.conv1, x)),
+            1 => Features::Flat(conv(&self.conv2, x).flatten(1, 3)),
+            2 => Features::Flat(relu(self.fc1.forward(x.into_flat()))),
+            _ => Features::Flat(self.classify(x.into_flat())),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fl_core::Classifier;
 
     #[test]
     fn parameter_counts_and_shapes() {

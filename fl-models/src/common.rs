@@ -7,6 +7,16 @@ use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
 use burn::tensor::{Device, Tensor, TensorData};
 use fl_core::layers::BlockSpec;
 use fl_core::rng::forward_bernoulli;
+use fl_core::{BlockForward, Features};
+
+/// Runs blocks `blocks` of `model` in order on `x`.
+pub(crate) fn run_blocks<M: BlockForward>(
+    model: &M,
+    blocks: std::ops::Range<usize>,
+    x: Features,
+) -> Features {
+    blocks.fold(x, |x, i| model.forward_block(i, x))
+}
 
 /// A square convolution `in → out` with kernel `k`, `stride`, symmetric zero `padding` and
 /// `groups`; `bias` as in the original architecture (false before a BatchNorm).

@@ -4,6 +4,30 @@
 //! [`with_model!`] builds one by kind. Every model works for any input shape the papers use
 //! (1×28×28, 3×32×32) and any class count, and declares ordered blocks whose shapes chain.
 
+/// The [`Classifier`](fl_core::Classifier) of a model with `represent` (the input of its final
+/// linear layer), `classify` (that layer) and its `block_specs`.
+macro_rules! classifier_from_parts {
+    ($model:ty) => {
+        impl fl_core::Classifier for $model {
+            fn forward(&self, images: burn::tensor::Tensor<4>) -> burn::tensor::Tensor<2> {
+                self.classify(self.represent(images))
+            }
+
+            fn blocks(&self) -> Vec<fl_core::layers::BlockSpec> {
+                self.block_specs.clone()
+            }
+
+            fn features(&self, images: burn::tensor::Tensor<4>) -> Option<burn::tensor::Tensor<2>> {
+                Some(self.represent(images))
+            }
+
+            fn head(&self, features: burn::tensor::Tensor<2>) -> Option<burn::tensor::Tensor<2>> {
+                Some(self.classify(features))
+            }
+        }
+    };
+}
+
 mod club_cnn;
 mod cnn;
 mod cnn_fedavg;
@@ -223,7 +247,7 @@ mod tests {
     use burn::nn::loss::CrossEntropyLossConfig;
     use burn::optim::{GradientsParams, SgdConfig};
     use burn::tensor::{Device, Distribution, Int, Tensor};
-    use fl_core::{Classifier, ParamTable};
+    use fl_core::{BlockForward, Classifier, ParamTable};
 
     /// Trainable parameters at 3×32×32 and 10 classes (the published counts where there are any).
     fn expected_params(kind: ModelKind) -> usize {
@@ -258,19 +282,21 @@ mod tests {
         );
     }
 
-    /// Forward shapes for both paper input shapes, block chains, parameter counts.
-    fn check_shapes<M: Classifier>(kind: ModelKind, shape: [usize; 3], model: M) {
+    /// Forward shapes for both paper input shapes, block chains, parameter counts, and the
+    /// blocks as runnable units: run one at a time, each gives its declared shape and together
+    /// they give exactly the logits of `forward`.
+    fn check_shapes<M: BlockForward>(kind: ModelKind, shape: [usize; 3], model: M) {
         let d = Device::flex();
         let x = Tensor::<4>::random([2, shape[0], shape[1], shape[2]], Distribution::Default, &d);
         let logits = model.forward(x.clone());
         assert_eq!(logits.dims(), [2, 10], "{kind}");
         // The representation is the last layer's input, and the head maps it to the logits.
         let z = model
-            .features(x)
+            .features(x.clone())
             .expect("every model exposes its representation");
         let [_, dim] = z.dims();
         let split = model.head(z).expect("every model exposes its head");
-        let diff: f32 = (split - logits).abs().max().into_scalar();
+        let diff: f32 = (split - logits.clone()).abs().max().into_scalar();
         assert!(diff < 1e-4, "{kind}: head(features(x)) differs by {diff}");
         let table = ParamTable::from_module(&model);
         let (_, last_layer) = table.layout().layers().last().unwrap();
@@ -289,6 +315,19 @@ mod tests {
             assert_eq!(out, input, "{kind}: {} -> {}", pair[0].name, pair[1].name);
         }
         assert_eq!(blocks.last().unwrap().output_shape, vec![10], "{kind}");
+        let outputs = model.forward_all_blocks(x.clone());
+        for (spec, out) in blocks.iter().zip(&outputs) {
+            let (got, want) = (out.sample_shape(), &spec.output_shape);
+            let size = |s: &[usize]| s.iter().product::<usize>();
+            assert_eq!(size(&got), size(want), "{kind}: block {}", spec.name);
+        }
+        let folded = outputs.last().unwrap().clone().into_flat();
+        let bits = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(
+            bits(folded),
+            bits(logits.clone()),
+            "{kind}: blocks != forward"
+        );
         // The block declaration covers every tensor exactly once.
         ParamTable::from_module_with_blocks(&model, blocks).expect("valid blocks");
         if shape == [3, 32, 32] {

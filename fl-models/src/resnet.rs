@@ -7,10 +7,10 @@ use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2dConfig
 use burn::nn::{BatchNorm, Initializer, Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
-use fl_core::Classifier;
 use fl_core::layers::BlockSpec;
+use fl_core::{BlockForward, Features};
 
-use crate::common::{block, bn, check_input, conv, out_size};
+use crate::common::{block, bn, check_input, conv, out_size, run_blocks};
 
 /// Configuration of [`ResNet20`] and [`ResNet20Ref`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -182,35 +182,35 @@ fn stages<U>(
     (units, [input, h, w])
 }
 
-impl Classifier for ResNet20 {
-    fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        self.fc.forward(self.represent(images))
-    }
-
-    fn blocks(&self) -> Vec<BlockSpec> {
-        self.block_specs.clone()
-    }
-
-    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
-        Some(self.represent(images))
-    }
-
-    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
-        Some(self.fc.forward(features))
-    }
-}
+classifier_from_parts!(ResNet20);
 
 impl ResNet20 {
     /// The globally pooled last feature map (the FC layer's input).
     fn represent(&self, images: Tensor<4>) -> Tensor<2> {
-        let mut x = relu(batch_norm_forward(
-            &self.stem_bn,
-            conv2d_forward(&self.stem_conv, images),
-        ));
-        for unit in &self.units {
-            x = unit.forward(x);
-        }
+        let last = self.block_specs.len() - 1;
+        let x = run_blocks(self, 0..last, Features::Map(images)).into_map();
         self.pool.forward(x).flatten(1, 3)
+    }
+
+    /// The FC layer.
+    fn classify(&self, features: Tensor<2>) -> Tensor<2> {
+        self.fc.forward(features)
+    }
+}
+
+impl BlockForward for ResNet20 {
+    /// Blocks `stem`, one per unit, and `head` (global pooling and the FC layer).
+    fn forward_block(&self, index: usize, x: Features) -> Features {
+        if index == 0 {
+            return Features::Map(relu(batch_norm_forward(
+                &self.stem_bn,
+                conv2d_forward(&self.stem_conv, x.into_map()),
+            )));
+        }
+        match self.units.get(index - 1) {
+            Some(unit) => Features::Map(unit.forward(x.into_map())),
+            None => Features::Flat(self.classify(self.pool.forward(x.into_map()).flatten(1, 3))),
+        }
     }
 }
 
@@ -328,31 +328,31 @@ pub struct ResNet20Ref {
     block_specs: Vec<BlockSpec>,
 }
 
-impl Classifier for ResNet20Ref {
-    fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        self.fc.forward(self.represent(images))
-    }
-
-    fn blocks(&self) -> Vec<BlockSpec> {
-        self.block_specs.clone()
-    }
-
-    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
-        Some(self.represent(images))
-    }
-
-    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
-        Some(self.fc.forward(features))
-    }
-}
+classifier_from_parts!(ResNet20Ref);
 
 impl ResNet20Ref {
     /// The globally pooled last feature map (the FC layer's input).
     fn represent(&self, images: Tensor<4>) -> Tensor<2> {
-        let mut x = conv2d_forward(&self.stem_conv, images);
-        for unit in &self.units {
-            x = unit.forward(x);
-        }
+        let last = self.block_specs.len() - 1;
+        let x = run_blocks(self, 0..last, Features::Map(images)).into_map();
         self.pool.forward(x).flatten(1, 3)
+    }
+
+    /// The FC layer.
+    fn classify(&self, features: Tensor<2>) -> Tensor<2> {
+        self.fc.forward(features)
+    }
+}
+
+impl BlockForward for ResNet20Ref {
+    /// Blocks `stem`, one per unit, and `head` (global pooling and the FC layer).
+    fn forward_block(&self, index: usize, x: Features) -> Features {
+        if index == 0 {
+            return Features::Map(conv2d_forward(&self.stem_conv, x.into_map()));
+        }
+        match self.units.get(index - 1) {
+            Some(unit) => Features::Map(unit.forward(x.into_map())),
+            None => Features::Flat(self.classify(self.pool.forward(x.into_map()).flatten(1, 3))),
+        }
     }
 }

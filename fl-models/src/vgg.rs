@@ -7,10 +7,10 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{BatchNorm, Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
-use fl_core::Classifier;
 use fl_core::layers::BlockSpec;
+use fl_core::{BlockForward, Features};
 
-use crate::common::{Dropout, block, bn, check_input, conv};
+use crate::common::{Dropout, block, bn, check_input, conv, run_blocks};
 
 /// Configuration of [`Vgg16`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -108,37 +108,43 @@ impl Vgg16Config {
     }
 }
 
-impl Classifier for Vgg16 {
-    fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        self.fc3.forward(self.represent(images))
-    }
-
-    fn blocks(&self) -> Vec<BlockSpec> {
-        self.block_specs.clone()
-    }
-
-    fn features(&self, images: Tensor<4>) -> Option<Tensor<2>> {
-        Some(self.represent(images))
-    }
-
-    fn head(&self, features: Tensor<2>) -> Option<Tensor<2>> {
-        Some(self.fc3.forward(features))
-    }
-}
+classifier_from_parts!(Vgg16);
 
 impl Vgg16 {
     /// Everything up to FC3's input.
     fn represent(&self, images: Tensor<4>) -> Tensor<2> {
-        let mut x = images;
-        for unit in &self.features {
-            x = relu(batch_norm_forward(&unit.bn, conv2d_forward(&unit.conv, x)));
+        let last = self.block_specs.len() - 1;
+        run_blocks(self, 0..last, Features::Map(images)).into_flat()
+    }
+
+    /// FC3.
+    fn classify(&self, features: Tensor<2>) -> Tensor<2> {
+        self.fc3.forward(features)
+    }
+}
+
+impl BlockForward for Vgg16 {
+    /// Blocks `conv0` … `conv12` (the last one flattens its map), `fc1`, `fc2`, `fc3`.
+    fn forward_block(&self, index: usize, x: Features) -> Features {
+        if let Some(unit) = self.features.get(index) {
+            let mut x = relu(batch_norm_forward(
+                &unit.bn,
+                conv2d_forward(&unit.conv, x.into_map()),
+            ));
             if unit.pool {
                 x = max_pool2d_forward(&self.pool, x);
             }
+            return if index + 1 == self.features.len() {
+                Features::Flat(x.flatten(1, 3))
+            } else {
+                Features::Map(x)
+            };
         }
-        let x = self
-            .dropout
-            .forward(relu(self.fc1.forward(x.flatten(1, 3))));
-        self.dropout.forward(relu(self.fc2.forward(x)))
+        let x = x.into_flat();
+        Features::Flat(match index - self.features.len() {
+            0 => self.dropout.forward(relu(self.fc1.forward(x))),
+            1 => self.dropout.forward(relu(self.fc2.forward(x))),
+            _ => self.classify(x),
+        })
     }
 }
