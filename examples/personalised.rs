@@ -16,9 +16,7 @@ use federated::core::trainer::{LocalOptimizer, TrainConfig};
 use federated::core::{
     BlockForward, Classifier, ClientModels, EngineConfig, Features, Simulation, Strategy,
 };
-use federated::data::{
-    DatasetKind, FederatedDataset, Partition, PartitionScheme, PersonalSplit, load_dataset,
-};
+use federated::data::{DatasetKind, PartitionScheme, PersonalSplit, load_dataset};
 
 /// A two-block perceptron whose hidden width differs between clients.
 #[derive(Module, Debug)]
@@ -86,15 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         0.2,
         seed,
     )?;
-    let personal = FederatedDataset {
-        train: pooled.clone(),
-        test: pooled.clone(),
-        natural_clients: None,
-        ..data.clone()
-    };
-    let partition = Partition {
-        clients: split.train.clone(),
-    };
+    let (personal, partition) = split.engine_data(&data, &pooled);
     let device = Device::flex().autodiff();
     // Even clients own a narrow perceptron, odd ones a wide one.
     let build = |client: usize| Mlp::new(if client.is_multiple_of(2) { 64 } else { 128 }, &device);

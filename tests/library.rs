@@ -79,14 +79,8 @@ struct Proximal(f64);
 
 impl LocalObjective for Proximal {
     fn extra_loss(&self, params: &ParamTable, start: &ParamTable) -> Option<Tensor<1>> {
-        let device = params.device();
-        let terms: Vec<Tensor<1>> = params
-            .values()
-            .iter()
-            .zip(start.values())
-            .map(|(w, w0)| (w.clone() - w0.clone().to_device(&device)).square().sum())
-            .collect();
-        Some(Tensor::cat(terms, 0).sum().mul_scalar(self.0 / 2.0))
+        let distance = params.trainable_sum(start, |w, w0| (w - w0).square().sum());
+        Some(distance.mul_scalar(self.0 / 2.0))
     }
 }
 

@@ -17,7 +17,7 @@ use crate::checkpoint::{self, CheckpointError};
 use crate::layers::{LayerError, ParamTable};
 use crate::model::Classifier;
 use crate::rng::{Purpose, rng_for};
-use crate::strategy::{Evaluator, RoundContext, Strategy, StrategyError};
+use crate::strategy::{Evaluator, RoundContext, ServerRound, Strategy, StrategyError};
 use crate::trainer::{
     LocalObjective, LocalTask, TrainConfig, TrainError, evaluate, evaluate_on, train_local,
 };
@@ -339,12 +339,13 @@ impl<M: Classifier> Simulation<'_, M> {
         for round in start_round..=cfg.rounds {
             let mut rng = rng_for(cfg.seed, Purpose::Sampling, round as u64, 0);
             let mut ctx = RoundContext {
+                round,
                 client_sizes: &client_sizes,
                 sample: cfg.sample,
                 train: &cfg.train,
                 rng: &mut rng,
             };
-            let plan = strategy.configure_round(round, &mut ctx)?;
+            let plan = strategy.configure_round(&mut ctx)?;
             let clients = check_selection(strategy.name(), plan.client_ids(), num_clients)?;
             plan.train.validate().map_err(EngineError::Config)?;
             let bytes_down = plan.clients.iter().map(|c| c.bytes_down).sum();
@@ -389,7 +390,11 @@ impl<M: Classifier> Simulation<'_, M> {
 
             let timer = Instant::now();
             let mut server_rng = rng_for(cfg.seed, Purpose::Server, round as u64, 0);
-            let mut extra = pool.install(|| strategy.aggregate(round, updates, &mut server_rng))?;
+            let at = ServerRound {
+                round,
+                rng: &mut server_rng,
+            };
+            let mut extra = pool.install(|| strategy.aggregate(at, updates))?;
             let aggregate_seconds = timer.elapsed().as_secs_f64();
 
             let timer = Instant::now();

@@ -143,12 +143,13 @@ pub fn plan(
     let train = crate::TrainConfig::default();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(round as u64);
     let mut ctx = crate::RoundContext {
+        round,
         client_sizes: &sizes,
         sample,
         train: &train,
         rng: &mut rng,
     };
-    s.configure_round(round, &mut ctx)
+    s.configure_round(&mut ctx)
 }
 
 /// The start models of a plan.

@@ -5,7 +5,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use crate::{DataError, Partition, PartitionScheme};
+use crate::{DataError, Dataset, FederatedDataset, Partition, PartitionScheme};
 
 /// Indices into one pooled dataset: the public set and each client's train and test portions.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -19,6 +19,27 @@ pub struct PersonalSplit {
 }
 
 impl PersonalSplit {
+    /// What the engine needs to run over this split of `pooled` (the samples it indexes,
+    /// drawn from `data`): a dataset whose train and test sets are both the pooled samples, and
+    /// the clients' training portions as the partition. Each client is evaluated on its own
+    /// test portion, [`test`](Self::test).
+    pub fn engine_data(
+        &self,
+        data: &FederatedDataset,
+        pooled: &Dataset,
+    ) -> (FederatedDataset, Partition) {
+        let personal = FederatedDataset {
+            train: pooled.clone(),
+            test: pooled.clone(),
+            natural_clients: None,
+            ..data.clone()
+        };
+        let partition = Partition {
+            clients: self.train.clone(),
+        };
+        (personal, partition)
+    }
+
     /// Splits samples with `labels` as pFedClub does (72% train / 20% test / 8% public with
     /// `public_fraction = 0.08`, `test_fraction = 0.2`): a random `public_fraction` of all
     /// samples goes to the server; the rest is split among `num_clients` clients by `scheme`

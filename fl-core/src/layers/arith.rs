@@ -101,6 +101,27 @@ impl ParamTable {
             .sum())
     }
 
+    /// `Σ f(w, o)` over the trainable tensors, `w` from `self` and `o` the same tensor of
+    /// `other` (moved to `self`'s device), where `f` reduces a pair to one value. It stays on
+    /// the autodiff graph: the building block of local loss terms such as FedProx's
+    /// `‖w − w₀‖²`.
+    pub fn trainable_sum(
+        &self,
+        other: &Self,
+        f: impl Fn(Tensor<1>, Tensor<1>) -> Tensor<1>,
+    ) -> Tensor<1> {
+        let device = self.device();
+        let terms: Vec<Tensor<1>> = self
+            .values
+            .iter()
+            .zip(&other.values)
+            .zip(&self.layout.tensors)
+            .filter(|(_, info)| info.kind == ParamKind::Trainable)
+            .map(|((w, o), _)| f(w.clone(), o.clone().to_device(&device)))
+            .collect();
+        Tensor::cat(terms, 0).sum()
+    }
+
     /// A copy of `self` whose [`ParamKind::Buffer`] tensors (BatchNorm statistics) are taken
     /// from `other`: used to aggregate only trainable parameters.
     pub fn with_buffers_from(&self, other: &Self) -> Result<Self, LayerError> {

@@ -55,6 +55,7 @@ impl ServerStep for Average {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::ServerRound;
     use crate::strategy::Strategy;
     use crate::test_model::{flat as host, plan, starts, upload as update};
     use rand::SeedableRng;
@@ -79,8 +80,11 @@ mod tests {
             s.init(update(0, 1).table, 2).unwrap();
             let sent = starts(&plan(&mut s, 1, 10, 2).unwrap());
             assert_eq!(sent.len(), 2);
-            s.aggregate(1, ups.clone(), &mut ChaCha8Rng::seed_from_u64(0))
-                .unwrap();
+            s.aggregate(
+                ServerRound::new(1, &mut ChaCha8Rng::seed_from_u64(0)),
+                ups.clone(),
+            )
+            .unwrap();
             let global = host(&s.global_model().unwrap());
             assert!(close(&global, &blend(&a, &b, wa)), "weight {wa}");
             // The next round dispatches the new global model to every client.
@@ -94,9 +98,8 @@ mod tests {
         let mut s = FedAvg::weighted();
         s.init(update(0, 1).table, 2).unwrap();
         s.aggregate(
-            1,
+            ServerRound::new(1, &mut ChaCha8Rng::seed_from_u64(0)),
             vec![update(1, 5), update(2, 5)],
-            &mut ChaCha8Rng::seed_from_u64(0),
         )
         .unwrap();
         let mut t = FedAvg::weighted();

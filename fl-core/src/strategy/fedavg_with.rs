@@ -5,6 +5,7 @@
 //! momentum, FedExP's extrapolation). Each of those methods is a rule or a step in its own
 //! file, composed by [`FedAvgWith`], instead of a copy of FedAvg.
 
+use super::{Result, ServerRound};
 use std::sync::Arc;
 
 use rand_chacha::ChaCha8Rng;
@@ -162,11 +163,8 @@ impl<R: ClientRule, S: ServerStep> Strategy for FedAvgWith<R, S> {
         Ok(())
     }
 
-    fn configure_round(
-        &mut self,
-        round: usize,
-        ctx: &mut RoundContext<'_>,
-    ) -> Result<RoundPlan, StrategyError> {
+    fn configure_round(&mut self, ctx: &mut RoundContext<'_>) -> Result<RoundPlan> {
+        let round = ctx.round;
         let clients = match self.rule.select(ctx) {
             Some(chosen) => chosen,
             None => ctx.sample_uniform(),
@@ -180,12 +178,8 @@ impl<R: ClientRule, S: ServerStep> Strategy for FedAvgWith<R, S> {
         )
     }
 
-    fn aggregate(
-        &mut self,
-        round: usize,
-        updates: Vec<LocalUpdate>,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<Metrics, StrategyError> {
+    fn aggregate(&mut self, at: ServerRound<'_>, updates: Vec<LocalUpdate>) -> Result<Metrics> {
+        let ServerRound { round, rng } = at;
         let global = self.global.as_ref().ok_or(StrategyError::NotInitialised)?;
         let mut metrics = self.rule.observe(round, global, &updates, rng)?;
         let (next, step_metrics) = self.server.step(global, &updates)?;

@@ -87,6 +87,7 @@ impl ServerStep for ServerMomentum {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::ServerRound;
     use crate::strategy::Strategy;
     use crate::test_model::{close, flat, upload};
     use rand::SeedableRng;
@@ -94,7 +95,7 @@ mod tests {
 
     fn round(s: &mut impl Strategy, r: usize, seeds: [u64; 2]) -> Vec<f32> {
         let ups = vec![upload(seeds[0], 10), upload(seeds[1], 30)];
-        s.aggregate(r, ups, &mut ChaCha8Rng::seed_from_u64(0))
+        s.aggregate(ServerRound::new(r, &mut ChaCha8Rng::seed_from_u64(0)), ups)
             .unwrap();
         flat(&s.global_model().unwrap())
     }

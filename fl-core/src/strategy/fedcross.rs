@@ -30,10 +30,10 @@
 //! The first `first_stage` rounds can aggregate with FedAvg (all K models set to the
 //! sample-weighted average) before cross aggregation starts.
 
+use super::{Metrics, Result, ServerRound};
 use std::str::FromStr;
 
-use rand_chacha::ChaCha8Rng;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, json};
 
 use super::{FedAvg, ModelSlots, RoundContext, RoundPlan, Strategy, StrategyError, StrategyState};
 use crate::layers::{ParamTable, sum_products};
@@ -359,20 +359,12 @@ impl Strategy for FedCross {
         Ok(())
     }
 
-    fn configure_round(
-        &mut self,
-        _round: usize,
-        ctx: &mut RoundContext<'_>,
-    ) -> Result<RoundPlan, StrategyError> {
+    fn configure_round(&mut self, ctx: &mut RoundContext<'_>) -> Result<RoundPlan> {
         self.models.plan("FedCross", ctx)
     }
 
-    fn aggregate(
-        &mut self,
-        round: usize,
-        updates: Vec<LocalUpdate>,
-        _rng: &mut ChaCha8Rng,
-    ) -> Result<Map<String, Value>, StrategyError> {
+    fn aggregate(&mut self, at: ServerRound<'_>, updates: Vec<LocalUpdate>) -> Result<Metrics> {
+        let round = at.round;
         let uploads: Vec<ParamTable> = updates.iter().map(|u| u.table.clone()).collect();
         let (similarity, mean_cosine) = self.similarities(&uploads)?;
         let mut m = Map::new();
@@ -414,18 +406,10 @@ impl Strategy for FedCross {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_model::tiny;
+    use crate::strategy::ServerRound;
+    use crate::test_model::upload as update;
     use rand::SeedableRng;
-
-    fn update(seed: u64, samples: usize) -> LocalUpdate {
-        LocalUpdate {
-            steps: 1,
-            client: seed as usize,
-            table: ParamTable::from_module(&tiny(seed)),
-            num_samples: samples,
-            train_loss: 1.0,
-        }
-    }
+    use rand_chacha::ChaCha8Rng;
 
     fn host(t: &ParamTable) -> Vec<Vec<f32>> {
         t.to_host().unwrap()
@@ -583,7 +567,10 @@ mod tests {
             let mut metrics = Vec::new();
             for round in 1..=3u64 {
                 let ups = (0..3).map(|i| update(10 * round + i, 5)).collect();
-                metrics.push(s.aggregate(round as usize, ups, &mut rng).unwrap());
+                metrics.push(
+                    s.aggregate(ServerRound::new(round as usize, &mut rng), ups)
+                        .unwrap(),
+                );
             }
             (s, metrics)
         };

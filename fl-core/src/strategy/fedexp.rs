@@ -76,6 +76,7 @@ impl ServerStep for Extrapolation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::ServerRound;
     use crate::strategy::Strategy;
     use crate::test_model::{close, flat, upload};
     use proptest::prelude::{ProptestConfig, prop_assert, proptest};
@@ -85,7 +86,7 @@ mod tests {
     fn aggregate(s: &mut FedExP, seeds: &[u64]) -> f64 {
         let ups = seeds.iter().map(|&k| upload(k, 10)).collect();
         let m = s
-            .aggregate(1, ups, &mut ChaCha8Rng::seed_from_u64(0))
+            .aggregate(ServerRound::new(1, &mut ChaCha8Rng::seed_from_u64(0)), ups)
             .unwrap();
         m["server_lr"].as_f64().unwrap()
     }
@@ -123,7 +124,7 @@ mod tests {
             })
             .to_vec();
         let m = s
-            .aggregate(1, ups, &mut ChaCha8Rng::seed_from_u64(0))
+            .aggregate(ServerRound::new(1, &mut ChaCha8Rng::seed_from_u64(0)), ups)
             .unwrap();
         let eta = m["server_lr"].as_f64().unwrap();
         assert!(eta > 10.0, "eta {eta}");

@@ -17,10 +17,10 @@
 //! themselves by an encrypted exchange ([`crate::secure`], the paper's Appendix B) and the
 //! server only decrypts the result; the recombination invariants are the same.
 
+use super::{Evaluation, Evaluator, Metrics, Result, ServerRound};
 use std::time::Instant;
 
-use rand_chacha::ChaCha8Rng;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, json};
 
 use super::{FedAvg, ModelSlots, RoundContext, RoundPlan, Strategy, StrategyError, StrategyState};
 use crate::layers::{Granularity, ParamTable, cosine, recombine};
@@ -132,20 +132,12 @@ impl Strategy for FedMr {
         Ok(())
     }
 
-    fn configure_round(
-        &mut self,
-        _round: usize,
-        ctx: &mut RoundContext<'_>,
-    ) -> Result<RoundPlan, StrategyError> {
+    fn configure_round(&mut self, ctx: &mut RoundContext<'_>) -> Result<RoundPlan> {
         self.models.plan("FedMR", ctx)
     }
 
-    fn aggregate(
-        &mut self,
-        round: usize,
-        updates: Vec<LocalUpdate>,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<Map<String, Value>, StrategyError> {
+    fn aggregate(&mut self, at: ServerRound<'_>, updates: Vec<LocalUpdate>) -> Result<Metrics> {
+        let ServerRound { round, rng } = at;
         let uploads: Vec<ParamTable> = updates.iter().map(|u| u.table.clone()).collect();
         let similarity = mean_pairwise_cosine(&uploads)?;
         let timer = Instant::now();
@@ -183,11 +175,7 @@ impl Strategy for FedMr {
         self.models.average()
     }
 
-    fn evaluate(
-        &mut self,
-        _round: usize,
-        eval: &dyn super::Evaluator,
-    ) -> Result<super::Evaluation, StrategyError> {
+    fn evaluate(&mut self, _round: usize, eval: &dyn Evaluator) -> Result<Evaluation> {
         let (acc, loss) = eval.test_set(&self.global_model()?)?;
         let mut extra = super::Metrics::new();
         if self.evaluate_models {
@@ -219,8 +207,10 @@ impl Strategy for FedMr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::ServerRound;
     use crate::test_model::tiny;
     use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
 
     fn update(seed: u64, samples: usize) -> LocalUpdate {
         let m = tiny(seed);
@@ -248,7 +238,9 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         for round in 1..=3 {
             let ups: Vec<LocalUpdate> = (0..3).map(|i| update(10 * round + i, 10)).collect();
-            let m = s.aggregate(round as usize, ups.clone(), &mut rng).unwrap();
+            let m = s
+                .aggregate(ServerRound::new(round as usize, &mut rng), ups.clone())
+                .unwrap();
             let models: Vec<_> = s.models().iter().map(host).collect();
             if round <= 2 {
                 assert_eq!(m["stage"], "fedavg");
@@ -282,7 +274,10 @@ mod tests {
         s.init(update(0, 1).table, 3).unwrap();
         let ups: Vec<LocalUpdate> = (1..=3).map(|i| update(i, 5)).collect();
         let m = s
-            .aggregate(1, ups.clone(), &mut ChaCha8Rng::seed_from_u64(4))
+            .aggregate(
+                ServerRound::new(1, &mut ChaCha8Rng::seed_from_u64(4)),
+                ups.clone(),
+            )
             .unwrap();
         assert_eq!(m["stage"], "secure-recombine");
         let payload = 3 * ups[0].table.byte_size() as u64;
@@ -304,8 +299,11 @@ mod tests {
         let mut s = FedMr::fedindep();
         s.init(update(0, 1).table, 4).unwrap();
         let ups: Vec<LocalUpdate> = (1..=4).map(|i| update(i, 5)).collect();
-        s.aggregate(1, ups.clone(), &mut ChaCha8Rng::seed_from_u64(3))
-            .unwrap();
+        s.aggregate(
+            ServerRound::new(1, &mut ChaCha8Rng::seed_from_u64(3)),
+            ups.clone(),
+        )
+        .unwrap();
         let mut got: Vec<_> = s.models().iter().map(host).collect();
         let mut want: Vec<_> = ups.iter().map(|u| host(&u.table)).collect();
         got.sort_by(|a, b| a[0].partial_cmp(&b[0]).unwrap());
@@ -318,9 +316,8 @@ mod tests {
         let mut s = FedMr::new(FedMrConfig::default());
         s.init(update(0, 1).table, 2).unwrap();
         s.aggregate(
-            1,
+            ServerRound::new(1, &mut ChaCha8Rng::seed_from_u64(0)),
             vec![update(1, 1), update(2, 100)],
-            &mut ChaCha8Rng::seed_from_u64(0),
         )
         .unwrap();
         let avg = ParamTable::average(s.models(), None).unwrap();

@@ -10,6 +10,7 @@
 //! `bound` rounds, from which point the K models average exactly back to `w`. Defaults as the
 //! authors: radius α = 4, rate 0.3, bound 100. The deployable model is `w`.
 
+use super::{Metrics, Result, ServerRound};
 use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -124,20 +125,12 @@ impl Strategy for FedMut {
         Ok(())
     }
 
-    fn configure_round(
-        &mut self,
-        _round: usize,
-        ctx: &mut RoundContext<'_>,
-    ) -> Result<RoundPlan, StrategyError> {
+    fn configure_round(&mut self, ctx: &mut RoundContext<'_>) -> Result<RoundPlan> {
         self.mutants.plan("FedMut", ctx)
     }
 
-    fn aggregate(
-        &mut self,
-        round: usize,
-        updates: Vec<LocalUpdate>,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, StrategyError> {
+    fn aggregate(&mut self, at: ServerRound<'_>, updates: Vec<LocalUpdate>) -> Result<Metrics> {
+        let ServerRound { round, rng } = at;
         let previous = self.global.as_ref().ok_or(StrategyError::NotInitialised)?;
         let global = FedAvg::average(&updates, true)?;
         let delta = global.sub(previous)?;
@@ -231,8 +224,11 @@ mod tests {
         let first = starts(&plan(&mut s, 1, 10, 4).unwrap());
         assert!(first.iter().all(|t| flat(t) == flat(&upload(0, 1).table)));
         let ups: Vec<LocalUpdate> = (1..=4).map(|k| upload(k, 10)).collect();
-        s.aggregate(1, ups.clone(), &mut ChaCha8Rng::seed_from_u64(1))
-            .unwrap();
+        s.aggregate(
+            ServerRound::new(1, &mut ChaCha8Rng::seed_from_u64(1)),
+            ups.clone(),
+        )
+        .unwrap();
         let avg = FedAvg::average(&ups, true).unwrap();
         assert_eq!(flat(&s.global_model().unwrap()), flat(&avg));
         let next = starts(&plan(&mut s, 2, 10, 4).unwrap());

@@ -10,7 +10,7 @@ use burn::tensor::Tensor;
 
 use super::fedavg_with::{ClientRule, FedAvgWith};
 use super::{StrategyError, StrategyState};
-use crate::layers::{ParamKind, ParamTable};
+use crate::layers::ParamTable;
 use crate::trainer::LocalObjective;
 
 /// FedAvg aggregation plus the proximal term on every client.
@@ -32,16 +32,8 @@ pub struct Proximal {
 
 impl LocalObjective for Proximal {
     fn extra_loss(&self, params: &ParamTable, start: &ParamTable) -> Option<Tensor<1>> {
-        let device = params.device();
-        let terms: Vec<Tensor<1>> = params
-            .values()
-            .iter()
-            .zip(start.values())
-            .zip(params.layout().tensors())
-            .filter(|(_, info)| info.kind == ParamKind::Trainable)
-            .map(|((w, w0), _)| (w.clone() - w0.clone().to_device(&device)).square().sum())
-            .collect();
-        Some(Tensor::cat(terms, 0).sum().mul_scalar(self.mu / 2.0))
+        let distance = params.trainable_sum(start, |w, w0| (w - w0).square().sum());
+        Some(distance.mul_scalar(self.mu / 2.0))
     }
 }
 
@@ -69,6 +61,7 @@ impl ClientRule for Proximal {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layers::ParamKind;
     use crate::test_model::{TinyNet, device, tiny};
     use burn::optim::{GradientsParams, SgdConfig};
 

@@ -69,6 +69,9 @@ pub enum StrategyError {
     Config(String),
 }
 
+/// A strategy's result.
+pub type Result<T, E = StrategyError> = std::result::Result<T, E>;
+
 /// What a strategy saves in a checkpoint: its server models and any other state as JSON.
 #[derive(Debug, Clone, Default)]
 pub struct StrategyState {
@@ -81,6 +84,8 @@ pub struct StrategyState {
 /// Everything a strategy may use to plan a round: who the clients are, how many to sample, the
 /// run's local training settings, and the round's sampling generator.
 pub struct RoundContext<'a> {
+    /// The round (from 1).
+    pub round: usize,
     /// The clients' training sample counts (their number is the number of clients).
     pub client_sizes: &'a [usize],
     /// Clients to sample per round.
@@ -95,6 +100,22 @@ impl RoundContext<'_> {
     /// `sample` distinct clients drawn uniformly: the engine's default selection.
     pub fn sample_uniform(&mut self) -> Vec<usize> {
         rand::seq::index::sample(self.rng, self.client_sizes.len(), self.sample).into_vec()
+    }
+}
+
+/// What the server may use when it aggregates a round: the round and its server-side generator
+/// (derived from the seed and the round).
+pub struct ServerRound<'a> {
+    /// The round (from 1).
+    pub round: usize,
+    /// The round's server-side generator.
+    pub rng: &'a mut ChaCha8Rng,
+}
+
+impl<'a> ServerRound<'a> {
+    /// Round `round` with generator `rng`.
+    pub fn new(round: usize, rng: &'a mut ChaCha8Rng) -> Self {
+        Self { round, rng }
     }
 }
 
@@ -200,28 +221,15 @@ pub trait Strategy: Send {
 
     /// This round's plan: which clients train (by default `ctx.sample_uniform()`), the model
     /// each starts from, its local objective and the training settings.
-    fn configure_round(
-        &mut self,
-        round: usize,
-        ctx: &mut RoundContext<'_>,
-    ) -> Result<RoundPlan, StrategyError>;
+    fn configure_round(&mut self, ctx: &mut RoundContext<'_>) -> Result<RoundPlan>;
 
-    /// Turns the uploads (in dispatch order) into the new server state. `rng` is the round's
-    /// server-side generator. Returns extra per-round metrics.
-    fn aggregate(
-        &mut self,
-        round: usize,
-        updates: Vec<LocalUpdate>,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<Metrics, StrategyError>;
+    /// Turns the uploads (in dispatch order) into the new server state. Returns extra
+    /// per-round metrics.
+    fn aggregate(&mut self, at: ServerRound<'_>, updates: Vec<LocalUpdate>) -> Result<Metrics>;
 
     /// Evaluates the server state. By default: the [global model](Self::global_model) on the
     /// test set; personalised strategies evaluate each client's own model instead.
-    fn evaluate(
-        &mut self,
-        round: usize,
-        eval: &dyn Evaluator,
-    ) -> Result<Evaluation, StrategyError> {
+    fn evaluate(&mut self, round: usize, eval: &dyn Evaluator) -> Result<Evaluation> {
         let _ = round;
         let (acc, loss) = eval.test_set(&self.global_model()?)?;
         Ok(Evaluation {

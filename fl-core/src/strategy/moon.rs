@@ -173,10 +173,12 @@ impl ClientRule for MoonRule {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::ServerRound;
     use crate::strategy::Strategy;
     use crate::test_model::{device, tiny, upload};
     use burn::tensor::{Int, TensorData};
     use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
 
     fn features(rows: &[[f32; 3]]) -> Tensor<2> {
         let flat: Vec<f32> = rows.iter().flatten().copied().collect();
@@ -235,7 +237,8 @@ mod tests {
         a.client = 3;
         let mut b = upload(4, 30);
         b.client = 7;
-        moon.aggregate(1, vec![a.clone(), b], &mut rng).unwrap();
+        moon.aggregate(ServerRound::new(1, &mut rng), vec![a.clone(), b])
+            .unwrap();
         assert_eq!(moon.stored_models(), 2);
         assert_eq!(
             crate::test_model::flat(moon.rule.previous.get(3).unwrap()),

@@ -12,10 +12,10 @@
 //! `control_bytes`. Variates cover trainable parameters; BatchNorm statistics take the plain
 //! average. Client variates are kept for clients that have trained (memory grows with them).
 
+use super::{Metrics, Result, ServerRound};
 use std::sync::Arc;
 
 use burn::tensor::Tensor;
-use rand_chacha::ChaCha8Rng;
 
 use super::{
     ClientTables, FedAvg, RoundContext, RoundPlan, Strategy, StrategyError, StrategyState,
@@ -82,16 +82,7 @@ pub struct DriftCorrection {
 
 impl LocalObjective for DriftCorrection {
     fn extra_loss(&self, params: &ParamTable, _start: &ParamTable) -> Option<Tensor<1>> {
-        let device = params.device();
-        let terms: Vec<Tensor<1>> = params
-            .values()
-            .iter()
-            .zip(self.correction.values())
-            .zip(params.layout().tensors())
-            .filter(|(_, info)| info.kind == ParamKind::Trainable)
-            .map(|((w, c), _)| (w.clone() * c.clone().to_device(&device)).sum())
-            .collect();
-        Some(Tensor::cat(terms, 0).sum())
+        Some(params.trainable_sum(&self.correction, |w, c| (w * c).sum()))
     }
 }
 
@@ -128,22 +119,13 @@ impl Strategy for Scaffold {
         Ok(())
     }
 
-    fn configure_round(
-        &mut self,
-        _round: usize,
-        ctx: &mut RoundContext<'_>,
-    ) -> Result<RoundPlan, StrategyError> {
+    fn configure_round(&mut self, ctx: &mut RoundContext<'_>) -> Result<RoundPlan> {
         let plan = super::broadcast(self.global.as_ref(), ctx)?;
         let corrections = self.corrections(&plan.client_ids())?;
         Ok(plan.with_objectives(corrections))
     }
 
-    fn aggregate(
-        &mut self,
-        _round: usize,
-        updates: Vec<LocalUpdate>,
-        _rng: &mut ChaCha8Rng,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, StrategyError> {
+    fn aggregate(&mut self, _at: ServerRound<'_>, updates: Vec<LocalUpdate>) -> Result<Metrics> {
         let (Some(x), Some(c)) = (&self.global, &self.server_control) else {
             return Err(StrategyError::NotInitialised);
         };
@@ -208,8 +190,10 @@ impl Strategy for Scaffold {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::ServerRound;
     use crate::test_model::{close, flat, upload};
     use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
 
     fn config(n: usize) -> ScaffoldConfig {
         ScaffoldConfig {
@@ -237,8 +221,11 @@ mod tests {
                     ..upload((round * 10 + i) as u64, 10 + i)
                 })
                 .collect();
-            s.aggregate(round, ups, &mut ChaCha8Rng::seed_from_u64(0))
-                .unwrap();
+            s.aggregate(
+                ServerRound::new(round, &mut ChaCha8Rng::seed_from_u64(0)),
+                ups,
+            )
+            .unwrap();
             let all: Vec<ParamTable> = (0..n).map(|i| s.client_control(i).unwrap()).collect();
             let mean = ParamTable::average(&all, None).unwrap();
             assert!(close(
@@ -271,13 +258,12 @@ mod tests {
         assert_eq!(loss.into_scalar::<f32>(), 0.0);
         let y = upload(2, 10);
         s.aggregate(
-            1,
+            ServerRound::new(1, &mut ChaCha8Rng::seed_from_u64(0)),
             vec![LocalUpdate {
                 client: 2,
                 steps: 5,
                 ..y.clone()
             }],
-            &mut ChaCha8Rng::seed_from_u64(0),
         )
         .unwrap();
         // c₂ = (x − y)/(5·0.1) on trainable tensors; the global model moved to y.

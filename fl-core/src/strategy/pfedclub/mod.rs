@@ -26,6 +26,7 @@ pub mod grouping;
 mod state;
 pub mod stitch;
 
+use crate::strategy::{Result, ServerRound};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -328,11 +329,7 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
 
     /// Each sampled client trains its own model, with its teacher's distillation term once it
     /// has one; it receives the teacher (and, for FedAvg per architecture, the averaged model).
-    fn configure_round(
-        &mut self,
-        _round: usize,
-        ctx: &mut RoundContext<'_>,
-    ) -> Result<RoundPlan, StrategyError> {
+    fn configure_round(&mut self, ctx: &mut RoundContext<'_>) -> Result<RoundPlan> {
         if self.tables.is_empty() {
             return Err(StrategyError::NotInitialised);
         }
@@ -357,12 +354,8 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
         })
     }
 
-    fn aggregate(
-        &mut self,
-        round: usize,
-        updates: Vec<LocalUpdate>,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<Metrics, StrategyError> {
+    fn aggregate(&mut self, at: ServerRound<'_>, updates: Vec<LocalUpdate>) -> Result<Metrics> {
+        let ServerRound { round, rng } = at;
         let clients: Vec<usize> = updates.iter().map(|u| u.client).collect();
         for u in &updates {
             self.rounds_trained[u.client] += 1;
@@ -415,11 +408,7 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
 
     /// The mean over clients of their own model's accuracy on their own test portion (only
     /// models that changed since they were last evaluated are evaluated again).
-    fn evaluate(
-        &mut self,
-        _round: usize,
-        eval: &dyn Evaluator,
-    ) -> Result<Evaluation, StrategyError> {
+    fn evaluate(&mut self, _round: usize, eval: &dyn Evaluator) -> Result<Evaluation> {
         let stale: Vec<(usize, ParamTable)> = (0..self.num_clients)
             .filter(|&c| self.accuracy[c].is_none())
             .map(|c| (c, self.tables[c].clone()))
