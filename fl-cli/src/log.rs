@@ -2,7 +2,7 @@
 //! event of a run is appended to `log.txt` in its run directory.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -16,11 +16,22 @@ static RUN_LOG: Mutex<Option<File>> = Mutex::new(None);
 /// Name of the log file in a run directory.
 pub const LOG_FILE: &str = "log.txt";
 
-/// Installs the stderr and run-file loggers.
+/// The target of events meant for `log.txt` only (what stderr shows otherwise already).
+pub const RUN_ONLY: &str = "run_log";
+
+/// Installs the stderr and run-file loggers (no colour codes when stderr is not a terminal).
 pub fn init() {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("warn"))
+        .add_directive(
+            format!("{RUN_ONLY}=off")
+                .parse()
+                .expect("a valid directive"),
+        );
     let stderr = tracing_subscriber::fmt::layer()
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
-        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")));
+        .with_filter(filter);
     let file = tracing_subscriber::fmt::layer()
         .with_ansi(false)
         .with_writer(RunLogWriter)

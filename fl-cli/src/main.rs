@@ -173,7 +173,14 @@ fn given_ids(matches: &ArgMatches) -> Vec<String> {
 
 /// Parses the command line; a usage error is one line on stderr and exit code 1.
 fn parse() -> Result<Cli, ExitCode> {
+    // "--mu -1" is a negative value (then refused by the flag's own check), not an unknown flag.
     let parsed = Cli::command()
+        .mut_subcommands(|c| {
+            c.mut_args(|a| {
+                let takes_values = a.get_action().takes_values();
+                a.allow_negative_numbers(takes_values)
+            })
+        })
         .try_get_matches()
         .and_then(|m| Ok((Cli::from_arg_matches(&m)?, m)));
     let (mut cli, matches) = match parsed {

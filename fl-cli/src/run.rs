@@ -132,7 +132,6 @@ pub fn prepare_out_dir(cfg: &RunConfig, resume: bool) -> anyhow::Result<PathBuf>
             out.display()
         );
     }
-    eprintln!("backend: {} ({:?})", backend::name(), backend::device());
     Ok(out)
 }
 
@@ -160,7 +159,11 @@ pub fn simulate<M: Classifier>(
     };
     crate::log::open_run_log(&out)
         .with_context(|| format!("cannot write {}", out.join(crate::log::LOG_FILE).display()))?;
+    if !quiet {
+        eprintln!("backend: {} ({:?})", backend::name(), backend::device());
+    }
     tracing::info!(
+        backend = backend::name(),
         algorithm = %cfg.label(),
         dataset = %sim.data.name,
         model = %cfg.run.model,
@@ -173,7 +176,8 @@ pub fn simulate<M: Classifier>(
     let result = sim.run(strategy, resume, &mut on_round);
     match &result {
         Ok(s) => tracing::info!(rounds = s.rounds.len(), "run finished"),
-        Err(e) => tracing::error!("run failed: {e}"),
+        // For log.txt only: main prints the error itself.
+        Err(e) => tracing::error!(target: crate::log::RUN_ONLY, "run failed: {e}"),
     }
     crate::log::close_run_log();
     let summary = result?;

@@ -9,74 +9,35 @@
 //! Floating-point results depend on the CPU's vector instructions (the kernels pick AVX-512,
 //! AVX2 or scalar code at run time), so pins are kept per instruction tier.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 
+use common::{FL, metrics, weights, words};
 use sha2::{Digest, Sha256};
 
-const FL: &str = env!("CARGO_BIN_EXE_fl");
 const PINS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pinned.json");
 
 /// Shared settings: real Fashion-MNIST, 3 of 200 clients (about 900 images a round), 2 rounds.
-const BASE: &[&str] = &[
-    "--clients",
-    "200",
-    "--sample",
-    "3",
-    "--rounds",
-    "2",
-    "--local-epochs",
-    "1",
-    "--batch-size",
-    "32",
-    "--partition",
-    "dirichlet",
-    "--alpha",
-    "0.5",
-    "--seed",
-    "11",
-    "--threads",
-    "2",
-    "--quiet",
-];
+const BASE: &str = "--clients 200 --sample 3 --rounds 2 --local-epochs 1 --batch-size 32 \
+    --partition dirichlet --alpha 0.5 --seed 11 --threads 2 --quiet";
 
 /// pFedClub's settings: 5 clients of zoo III on 1,000 pooled samples.
-const CLUB: &[&str] = &[
-    "--clients",
-    "5",
-    "--sample",
-    "2",
-    "--rounds",
-    "2",
-    "--local-epochs",
-    "1",
-    "--max-samples",
-    "1000",
-    "--cka-samples",
-    "32",
-    "--candidates",
-    "2",
-    "--public-samples",
-    "48",
-    "--seed",
-    "5",
-    "--threads",
-    "2",
-    "--quiet",
-];
+const CLUB: &str = "--clients 5 --sample 2 --rounds 2 --local-epochs 1 --max-samples 1000 \
+    --cka-samples 32 --candidates 2 --public-samples 48 --seed 5 --threads 2 --quiet";
 
 /// (name, arguments) of every pinned run.
 fn cases() -> Vec<(&'static str, Vec<&'static str>)> {
     let global = |alg: &'static str, extra: &[&'static str]| {
         let mut a = vec![alg];
-        a.extend_from_slice(BASE);
+        a.extend(words(BASE));
         a.extend_from_slice(extra);
         a
     };
     let club = |extra: &[&'static str]| {
         let mut a = vec!["pfedclub"];
-        a.extend_from_slice(CLUB);
+        a.extend(words(CLUB));
         a.extend_from_slice(extra);
         a
     };
@@ -116,17 +77,12 @@ fn sha(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// SHA-256 of metrics.jsonl without its wall-clock fields.
+/// SHA-256 of metrics.jsonl without its wall-clock fields, keys sorted (the digest does not
+/// depend on the writer's field order).
 fn metrics_digest(dir: &Path) -> String {
-    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
     let mut canonical = String::new();
-    for line in text.lines() {
-        let mut v: serde_json::Value = serde_json::from_str(line).unwrap();
-        let m = v.as_object_mut().unwrap();
-        // Wall-clock fields: every `*_seconds` (FedMR's `recombine_seconds` too).
-        m.retain(|k, _| !k.ends_with("_seconds"));
-        // Sorted keys: the digest does not depend on the writer's field order.
-        let sorted: BTreeMap<_, _> = m.iter().collect();
+    for line in metrics(dir) {
+        let sorted: BTreeMap<_, _> = line.as_object().unwrap().iter().collect();
         canonical.push_str(&serde_json::to_string(&sorted).unwrap());
         canonical.push('\n');
     }
@@ -136,14 +92,7 @@ fn metrics_digest(dir: &Path) -> String {
 /// SHA-256 of the final weights: every tensor of the last checkpoint (the server's models and
 /// state, or every client's model), by name. (`model.bpk` holds fresh parameter ids per run.)
 fn weights_digest(dir: &Path) -> String {
-    let bytes = std::fs::read(dir.join("checkpoint.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| (name, view.data().to_vec()))
-        .collect();
-    tensors.sort();
+    let tensors = weights(dir);
     assert!(!tensors.is_empty(), "no tensors in the checkpoint");
     let mut h = Sha256::new();
     for (name, data) in tensors {
@@ -174,7 +123,7 @@ fn every_algorithm_reproduces_its_pinned_outputs() {
     let mut got = BTreeMap::new();
     for (name, args) in cases() {
         let out = dir.path().join(name);
-        let o = Command::new(FL)
+        let o = std::process::Command::new(FL)
             .args(&args)
             .arg("--out")
             .arg(&out)

@@ -8,7 +8,7 @@ use fl_core::strategy::pfedclub::cmsr::{Anchor, SearchRules};
 use fl_core::strategy::pfedclub::stitch::StitchTraining;
 use fl_core::strategy::pfedclub::{ClubConfig, Method, PFedClub, PublicData};
 use fl_core::{ClientModels, Simulation, Strategy};
-use fl_data::{FederatedDataset, Partition, PartitionScheme, PersonalSplit};
+use fl_data::{FederatedDataset, PartitionScheme, PersonalSplit};
 use fl_models::{ModelKind, ModelZoo, ZooModel};
 use serde::{Deserialize, Serialize};
 
@@ -257,15 +257,7 @@ pub fn run_one(
     let kinds = setup.architectures(run)?;
     // The engine trains on the clients' training portions and evaluates each client on its
     // own test portion, both indices into the pooled samples.
-    let personal = FederatedDataset {
-        train: pooled.clone(),
-        test: pooled.clone(),
-        natural_clients: None,
-        ..data.clone()
-    };
-    let partition = Partition {
-        clients: split.train.clone(),
-    };
+    let (personal, partition) = split.engine_data(data, &pooled);
     let out = prepare_out_dir(cfg, resume)?;
     if !resume {
         let mut extra = serde_json::Map::new();

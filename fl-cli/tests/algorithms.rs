@@ -1,0 +1,402 @@
+//! Every algorithm end to end on real Fashion-MNIST: its defining metric, equivalences
+//! (FedProx with μ = 0 is FedAvg), exact resume, and one-line errors for bad flags.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+#[test]
+fn fedmr_two_stage_and_fedindep_run_end_to_end() {
+    let dir = tmp();
+    let out = dir.path().join("fedmr");
+    let mut args = small_run(&out, "2", "3");
+    args[0] = "fedmr".into();
+    args.extend(["--granularity", "layer", "--first-stage", "1"].map(String::from));
+    run_ok(&args);
+    let m = metrics(&out);
+    let stages: Vec<&str> = m.iter().map(|l| l["stage"].as_str().unwrap()).collect();
+    assert_eq!(stages, ["fedavg", "recombine", "recombine"]);
+    for l in &m {
+        let cos = l["mean_pairwise_cosine"].as_f64().unwrap();
+        assert!(cos > 0.0 && cos <= 1.0 + 1e-9, "{cos}");
+    }
+    // The checkpoint holds the K = 3 intermediate models.
+    let slots: std::collections::BTreeSet<String> = weights(&out)
+        .keys()
+        .map(|k| k.split('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(slots.len(), 3);
+
+    // Secure recombination: same stages, extra bytes reported.
+    let secure = dir.path().join("secure");
+    let mut args = small_run(&secure, "2", "2");
+    args[0] = "fedmr".into();
+    args.push("--secure".into());
+    run_ok(&args);
+    let m = metrics(&secure);
+    assert_eq!(m[1]["stage"], "secure-recombine");
+    assert!(m[1]["secure_exchange_bytes"].as_u64().unwrap() > 0);
+
+    // FedIndep with each of its K = 3 models evaluated (FedMR's Fig. 5), drawn by `fl plot`.
+    let indep = dir.path().join("fedindep");
+    let mut args = small_run(&indep, "2", "2");
+    args[0] = "fedindep".into();
+    args.push("--eval-models".into());
+    run_ok(&args);
+    let m = metrics(&indep);
+    assert_eq!(m.len(), 2);
+    for l in &m {
+        let accs = l["model_acc"].as_array().unwrap();
+        assert_eq!(accs.len(), 3);
+        assert!(
+            accs.iter()
+                .all(|a| (0.0..=1.0).contains(&a.as_f64().unwrap()))
+        );
+        assert_eq!(l["model_loss"].as_array().unwrap().len(), 3);
+    }
+    // FedIndep's models never mix, so the first round's models differ from each other.
+    assert_ne!(m[0]["model_loss"][0], m[0]["model_loss"][1]);
+    let png = dir.path().join("models.png");
+    run_ok(&[
+        "plot".to_string(),
+        indep.display().to_string(),
+        "--models".into(),
+        "--out".into(),
+        png.display().to_string(),
+    ]);
+    assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+
+    let mut args = small_run(&dir.path().join("bad"), "2", "1");
+    args[0] = "fedmr".into();
+    args.extend(["--granularity", "neuron"].map(String::from));
+    let o = fl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("invalid value 'neuron' for '--granularity"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn fedcross_stages_partners_and_bad_flags() {
+    let dir = tmp();
+    let out = dir.path().join("fedcross");
+    let mut args = small_run(&out, "2", "3");
+    args[0] = "fedcross".into();
+    args.extend(
+        [
+            "--first-stage",
+            "1",
+            "--propellers",
+            "1",
+            "--dynamic-alpha",
+            "0.5:0.9:2",
+        ]
+        .map(String::from),
+    );
+    run_ok(&args);
+    let m = metrics(&out);
+    let stages: Vec<&str> = m.iter().map(|l| l["stage"].as_str().unwrap()).collect();
+    assert_eq!(stages, ["fedavg", "propellers", "cross"]);
+    assert_eq!(m[1]["alpha"], 0.5);
+    assert_eq!(m[2]["alpha"], 0.5);
+    for l in &m[1..] {
+        for (i, partners) in l["partners"].as_array().unwrap().iter().enumerate() {
+            let partners = partners.as_array().unwrap();
+            assert!(!partners.is_empty() && !partners.contains(&serde_json::json!(i)));
+        }
+    }
+    for (flags, expected) in [
+        (&["--cross-alpha", "1.5"][..], "alpha must be in [0, 1]"),
+        (
+            &["--select", "random"][..],
+            "unknown partner selection 'random'",
+        ),
+        (&["--similarity", "l1"][..], "unknown similarity 'l1'"),
+        (&["--dynamic-alpha", "0.5"][..], "START:END:ROUNDS"),
+    ] {
+        let mut args = small_run(&dir.path().join("bad"), "2", "1");
+        args[0] = "fedcross".into();
+        args.extend(flags.iter().map(|s| s.to_string()));
+        let o = fl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(o.status.code(), Some(1), "{flags:?}");
+        assert!(stderr(&o).contains(expected), "{flags:?}: {}", stderr(&o));
+    }
+}
+
+/// Every baseline runs end to end with its defining metric; FedProx with μ = 0 is FedAvg bit
+/// for bit; SCAFFOLD's client variates survive a resume.
+#[test]
+fn baselines_run_end_to_end() {
+    let dir = tmp();
+    let with = |alg: &str, name: &str, rounds: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let mut args = small_run(&out, "2", rounds);
+        args[0] = alg.into();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        (out, args)
+    };
+    let (avg, args) = with("fedavg", "fedavg", "2", &[]);
+    run_ok(&args);
+    let (prox0, args) = with("fedprox", "prox0", "2", &["--mu", "0"]);
+    run_ok(&args);
+    assert_eq!(metrics(&avg), metrics(&prox0));
+    let log = std::fs::read_to_string(avg.join("log.txt")).unwrap();
+    assert!(
+        log.contains("run started") && log.contains("run finished"),
+        "{log}"
+    );
+    assert_eq!(log.matches("round done").count(), 2, "{log}");
+    assert_eq!(weights(&avg), weights(&prox0));
+
+    let (prox, args) = with("fedprox", "prox", "2", &["--mu", "0.5"]);
+    run_ok(&args);
+    assert_ne!(metrics(&avg), metrics(&prox));
+
+    let (avgm, args) = with("fedavgm", "avgm", "2", &[]);
+    run_ok(&args);
+    assert!(metrics(&avgm)[1]["velocity_norm"].as_f64().unwrap() > 0.0);
+
+    let (exp, args) = with("fedexp", "exp", "2", &["--epsilon", "0.001"]);
+    run_ok(&args);
+    for l in metrics(&exp) {
+        assert!(l["server_lr"].as_f64().unwrap() >= 1.0);
+    }
+
+    let (mutated, args) = with("fedmut", "mut", "2", &["--mut-bound", "2"]);
+    run_ok(&args);
+    let m = metrics(&mutated);
+    assert_eq!(m[0]["mutation_imbalance"], 0.3);
+    assert_eq!(m[1]["mutation_imbalance"], 0.15);
+
+    // SCAFFOLD: 2 rounds then a resume to 3 equals 3 uninterrupted rounds.
+    let (full, args) = with("scaffold", "scaffold-full", "3", &[]);
+    run_ok(&args);
+    let (split, args) = with("scaffold", "scaffold-split", "2", &[]);
+    run_ok(&args);
+    let dir_arg = split.display().to_string();
+    run_ok(&["scaffold", "--resume", &dir_arg, "--rounds", "3", "--quiet"].map(String::from));
+    assert_eq!(metrics(&full), metrics(&split));
+    assert!(metrics(&full)[0]["control_bytes"].as_u64().unwrap() > 0);
+    for acc in metrics(&full)
+        .iter()
+        .map(|l| l["test_acc"].as_f64().unwrap())
+    {
+        assert!(acc > 0.2, "SCAFFOLD accuracy {acc}");
+    }
+
+    for (bad, expected) in [
+        ("fedprox --mu -1", "--mu must be >= 0"),
+        (
+            "fedavgm --server-momentum 1.5",
+            "--server-momentum must be in [0, 1)",
+        ),
+        ("fedmut --mut-rate 2", "--mut-rate must be in [0, 1]"),
+        ("fedexp --epsilon 0", "--epsilon must be > 0"),
+    ] {
+        fails(&words(&format!("{bad} --rounds 1 --quiet")), expected);
+    }
+}
+
+/// pFedClub's small setting: 5 clients of zoo III on 1,000 pooled samples.
+const CLUB: &str = "pfedclub --clients 5 --sample 2 --rounds 2 --local-epochs 1 \
+    --max-samples 1000 --cka-samples 32 --candidates 2 --public-samples 48 --quiet";
+
+#[test]
+fn pfedclub_variants_run_on_fashion_mnist_and_bad_flags_are_errors() {
+    let dir = tmp();
+    let base = |out: &Path, extra: &[&str]| -> Vec<String> {
+        words(CLUB)
+            .into_iter()
+            .chain(extra.iter().copied())
+            .map(String::from)
+            .chain(["--out".to_string(), out.display().to_string()])
+            .collect()
+    };
+    let club = dir.path().join("club");
+    run_ok(&base(
+        &club,
+        &["--size-limit", "0.5", "--public", "unlabeled"],
+    ));
+    let rounds = metrics(&club);
+    assert_eq!(rounds.len(), 2);
+    for m in &rounds {
+        let acc = m["test_acc"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&acc));
+        assert_eq!(m["client_acc"].as_array().unwrap().len(), 5);
+    }
+    let clients: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(club.join("clients.json")).unwrap()).unwrap();
+    for c in clients.as_array().unwrap() {
+        if let Some(phi) = c["phi"].as_f64() {
+            assert!(phi <= 0.5 + 1e-9, "size limit violated: {phi}");
+        }
+    }
+    let manifest = std::fs::read_to_string(club.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"cnn4\""), "{manifest}");
+    let log = std::fs::read_to_string(club.join("log.txt")).unwrap();
+    assert!(
+        log.contains("run started") && log.contains("run finished"),
+        "{log}"
+    );
+    // `fl run` takes a pFedClub run's config.toml back and reproduces the run.
+    let again = dir.path().join("again");
+    run_ok(&[
+        "run".to_string(),
+        club.join("config.toml").display().to_string(),
+        "--quiet".into(),
+        "--out".into(),
+        again.display().to_string(),
+    ]);
+    assert_eq!(metrics(&again), rounds);
+    // Continue the run for one more round from its checkpoint and setup.
+    let o = fl_line(
+        "pfedclub --rounds 3 --quiet",
+        &["--resume", club.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(metrics(&club).len(), 3);
+    assert_eq!(metrics(&club)[..2], rounds[..]);
+    for variant in ["pfedhr", "local"] {
+        let out = dir.path().join(variant);
+        run_ok(&base(&out, &["--variant", variant]));
+        assert_eq!(metrics(&out).len(), 2, "{variant}");
+    }
+    // The homogeneous setting (the paper's Table 2): one architecture for every client.
+    let same = dir.path().join("cnn2");
+    run_ok(&base(&same, &["--model", "cnn2"]));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(same.join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        manifest["architectures"],
+        serde_json::json!(vec!["cnn2"; 5])
+    );
+    let config = std::fs::read_to_string(same.join("config.toml")).unwrap();
+    assert!(config.contains("model = \"cnn2\""), "{config}");
+    // Two seeds of the FedAvg-per-architecture baseline, one folder each.
+    run_ok(&base(
+        &dir.path().join("fedavg"),
+        &["--variant", "fedavg", "--seeds", "1,2"],
+    ));
+    for seed in ["s1", "s2"] {
+        assert_eq!(metrics(&dir.path().join("fedavg").join(seed)).len(), 2);
+    }
+    // `fl compare` reads personalised runs like any other.
+    let o = fl(&[
+        "compare",
+        club.to_str().unwrap(),
+        dir.path().join("fedavg").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    for (flags, message) in [
+        (vec!["--size-limit=-1"], "size limit"),
+        (vec!["--groups", "0"], "groups"),
+        (vec!["--zoo", "IV"], "zoo"),
+        (vec!["--model", "cnn"], "need zoo architectures"),
+        (vec!["--model", "zoo-ii"], "contradicts --zoo"),
+        (vec!["--classes-per-client", "1"], "cover"),
+        (vec!["--public-fraction", "1.5"], "fraction"),
+    ] {
+        let args = base(&dir.path().join("bad"), &flags);
+        fails(
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            message,
+        );
+    }
+}
+
+/// MOON, FedASAM, clustered sampling and FedGen end to end: MOON with μ = 0 is FedAvg bit for
+/// bit; FedGen's first round (before its generator is used) is FedAvg's; clustered sampling
+/// and FedGen resume to the uninterrupted result; bad flags are one-line errors. 200 clients,
+/// so a round of 3 trains on about 900 images.
+#[test]
+fn moon_fedasam_clusamp_and_fedgen_run_end_to_end() {
+    let dir = tmp();
+    let with = |alg: &str, name: &str, rounds: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let mut args = small_run(&out, "2", rounds);
+        args[0] = alg.into();
+        let clients = args.iter().position(|a| a == "--clients").unwrap() + 1;
+        args[clients] = "200".into();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        (out, args)
+    };
+    let resumes_exactly = |alg: &str, extra: &[&str]| {
+        let (full, args) = with(alg, &format!("{alg}-full"), "3", extra);
+        run_ok(&args);
+        let (split, args) = with(alg, &format!("{alg}-split"), "2", extra);
+        run_ok(&args);
+        let dir_arg = split.display().to_string();
+        run_ok(&[alg, "--resume", &dir_arg, "--rounds", "3", "--quiet"].map(String::from));
+        assert_eq!(metrics(&full), metrics(&split), "{alg}");
+        assert_eq!(weights(&full), weights(&split), "{alg}");
+        metrics(&full)
+    };
+    let (avg, args) = with("fedavg", "fedavg", "2", &[]);
+    run_ok(&args);
+
+    let (moon0, args) = with("moon", "moon0", "2", &["--moon-mu", "0"]);
+    run_ok(&args);
+    assert_eq!(
+        metrics(&avg),
+        metrics(&moon0)
+            .iter()
+            .map(|l| {
+                let mut l = l.clone();
+                l.as_object_mut().unwrap().remove("stored_models");
+                l
+            })
+            .collect::<Vec<_>>()
+    );
+    let (moon, args) = with("moon", "moon", "2", &[]);
+    run_ok(&args);
+    let m = metrics(&moon);
+    assert_eq!(m[0]["stored_models"], 3);
+    assert_ne!(m[1]["test_loss"], metrics(&avg)[1]["test_loss"]);
+    let config = std::fs::read_to_string(moon.join("config.toml")).unwrap();
+    assert!(config.contains("moon_mu = 5.0"), "{config}");
+
+    let (asam, args) = with("fedasam", "asam", "2", &["--rho", "0.5"]);
+    run_ok(&args);
+    assert_ne!(
+        metrics(&asam)[0]["test_loss"],
+        metrics(&avg)[0]["test_loss"]
+    );
+
+    let m = resumes_exactly("clusamp", &[]);
+    for l in &m {
+        assert_eq!(l["clients"].as_array().unwrap().len(), 3);
+        assert!(l["clusters"].as_u64().unwrap() >= 3, "{l}");
+        assert!(l["test_loss"].as_f64().unwrap().is_finite());
+    }
+
+    let m = resumes_exactly("fedgen", &["--gen-steps", "5"]);
+    assert_eq!(m[0]["test_loss"], metrics(&avg)[0]["test_loss"]);
+    assert_ne!(m[1]["test_loss"], metrics(&avg)[1]["test_loss"]);
+    for l in &m {
+        assert!(l["generator_loss"].as_f64().unwrap().is_finite(), "{l}");
+    }
+    assert_eq!(m[0]["generator_bytes_down"], 0);
+    assert!(m[1]["generator_bytes_down"].as_u64().unwrap() > 0);
+
+    for (bad, expected) in [
+        ("moon --tau 0", "--tau must be > 0"),
+        ("moon --moon-mu -1", "--moon-mu must be >= 0"),
+        ("fedasam --rho 0", "rho must be > 0"),
+        ("fedasam --eta -0.1", "eta must be >= 0"),
+        (
+            "clusamp --cluster-distance cosine2",
+            "invalid value 'cosine2'",
+        ),
+        ("clusamp --linkage single", "invalid value 'single'"),
+        ("fedgen --gen-noise pink", "invalid value 'pink'"),
+        ("fedgen --gen-lr 0", "generator lr must be > 0"),
+    ] {
+        fails(&words(&format!("{bad} --rounds 1 --quiet")), expected);
+    }
+}
