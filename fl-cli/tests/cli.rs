@@ -262,31 +262,12 @@ fn plot_and_compare_summarise_seed_groups() {
     std::fs::create_dir(&data).unwrap();
     write_idx_fixture(&data, 400);
     let run = |algorithm: &str, seeds: &str, out: &Path| {
-        let args: Vec<String> = [
-            algorithm,
-            "--dataset",
-            "mnist",
-            "--data-dir",
-            &data.display().to_string(),
-            "--clients",
-            "4",
-            "--sample",
-            "2",
-            "--rounds",
-            "2",
-            "--local-epochs",
-            "1",
-            "--partition",
-            "iid",
-            "--seeds",
-            seeds,
-            "--quiet",
-            "--out",
-            &out.display().to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let line = format!(
+            "{algorithm} --dataset mnist --clients 4 --sample 2 --rounds 2 --local-epochs 1 --partition iid --seeds {seeds} --quiet"
+        );
+        let mut args: Vec<String> = words(&line).iter().map(|s| s.to_string()).collect();
+        args.extend(["--data-dir".into(), data.display().to_string()]);
+        args.extend(["--out".into(), out.display().to_string()]);
         run_ok(&args);
     };
     // --seeds runs each seed into its own folder.

@@ -15,28 +15,10 @@ fn mnist_from_a_data_dir_and_corrupt_files() {
     write_idx_fixture(&data, 400);
     let out = dir.path().join("run").display().to_string();
     let data_arg = data.display().to_string();
-    let base = [
-        "fedavg",
-        "--dataset",
-        "mnist",
-        "--data-dir",
-        &data_arg,
-        "--clients",
-        "4",
-        "--sample",
-        "2",
-        "--rounds",
-        "2",
-        "--local-epochs",
-        "2",
-        "--partition",
-        "iid",
-        "--lr",
-        "0.05",
-        "--quiet",
-        "--out",
-        &out,
-    ];
+    let mut base = words(
+        "fedavg --dataset mnist --clients 4 --sample 2 --rounds 2 --local-epochs 2 --partition iid --lr 0.05 --quiet",
+    );
+    base.extend(["--data-dir", &data_arg, "--out", &out]);
     let o = fl(&base);
     assert!(o.status.success(), "{}", stderr(&o));
     let m = metrics(Path::new(&out));
@@ -128,15 +110,7 @@ fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
     let o = run("6", "natural", &out);
     assert!(o.status.success(), "{}", stderr(&o));
     // One client per writer, 5 samples each; the 62-class cnn has 160,510 parameters.
-    let partition: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("partition.json")).unwrap())
-            .unwrap();
-    let sizes: Vec<usize> = partition["clients"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_array().unwrap().len())
-        .collect();
+    let sizes = client_sizes(&out);
     assert_eq!(sizes, vec![5; 6]);
     assert_eq!(metrics(&out)[0]["bytes_up"], 2 * 160_510 * 4);
     let o = run("7", "natural", &dir.path().join("too-many"));
@@ -178,15 +152,7 @@ fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
         ],
     );
     assert!(o.status.success(), "{}", stderr(&o));
-    let partition: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(kept.join("partition.json")).unwrap())
-            .unwrap();
-    let sizes: Vec<usize> = partition["clients"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_array().unwrap().len())
-        .collect();
+    let sizes = client_sizes(&kept);
     assert_eq!(sizes, [6, 7, 8]);
     let o = fl_line(
         "fedavg --partition natural --rounds 1 --quiet",
@@ -201,4 +167,17 @@ fn cifar10_svhn_and_femnist_run_from_their_native_formats() {
         "{}",
         stderr(&o)
     );
+}
+
+/// The number of samples of each client in a run's `partition.json`.
+fn client_sizes(out: &std::path::Path) -> Vec<usize> {
+    let partition: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("partition.json")).unwrap())
+            .unwrap();
+    partition["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_array().unwrap().len())
+        .collect()
 }

@@ -4,13 +4,13 @@ use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
-use burn::nn::{BatchNorm, Linear, LinearConfig};
+use burn::nn::{BatchNorm, Linear};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Classifier, Features};
 
-use crate::common::{Dropout, block, bn, conv};
+use crate::common::{Dropout, block, bn, conv, fc_stack};
 
 /// One convolution layer of a [`StackedCnn`]: k×k conv with padding k/2 ("same", so every
 /// preset builds for 1×28×28 and 3×32×32 inputs), optional BatchNorm, ReLU, optional 2×2
@@ -173,28 +173,8 @@ impl StackedCnnConfig {
             });
             (input, h, w) = (l.channels, h2, w2);
         }
-        let mut widths = vec![input * h * w];
-        widths.extend(&self.hidden);
-        widths.push(self.num_classes);
-        let fc = widths
-            .windows(2)
-            .enumerate()
-            .map(|(i, io)| {
-                // FC1 takes the last feature map and flattens it (C, H, W order).
-                let input_shape = if i == 0 {
-                    vec![input, h, w]
-                } else {
-                    vec![io[0]]
-                };
-                specs.push(block(
-                    format!("fc{}", i + 1),
-                    &[format!("fc.{i}")],
-                    input_shape,
-                    vec![io[1]],
-                ));
-                LinearConfig::new(io[0], io[1]).init(device)
-            })
-            .collect();
+        let widths = [&[input * h * w][..], &self.hidden, &[self.num_classes]].concat();
+        let fc = fc_stack(vec![input, h, w], &widths, &mut specs, device);
         StackedCnn {
             convs,
             pool: MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init(),

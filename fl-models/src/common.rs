@@ -3,7 +3,7 @@
 
 use burn::module::{Flag, Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
+use burn::nn::{BatchNorm, BatchNormConfig, Initializer, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::{Device, Tensor, TensorData};
 use fl_core::layers::BlockSpec;
 use fl_core::rng::forward_bernoulli;
@@ -55,6 +55,33 @@ pub(crate) fn out_size(n: usize, k: usize, stride: usize, padding: usize) -> usi
 }
 
 /// A block declaration.
+/// The fully connected blocks `fc1, fc2, …` (modules `fc.0, fc.1, …`) of a classifier whose
+/// layers have the given `widths` (inputs of the first, then each layer's outputs); the first
+/// block takes `input_shape` (the FC layer may flatten or globally pool it). Their specs are
+/// appended to `specs`.
+pub(crate) fn fc_stack(
+    input_shape: Vec<usize>,
+    widths: &[usize],
+    specs: &mut Vec<BlockSpec>,
+    device: &Device,
+) -> Vec<Linear> {
+    let mut input_shape = input_shape;
+    widths
+        .windows(2)
+        .enumerate()
+        .map(|(i, io)| {
+            let inputs = std::mem::replace(&mut input_shape, vec![io[1]]);
+            specs.push(block(
+                format!("fc{}", i + 1),
+                &[format!("fc.{i}")],
+                inputs,
+                vec![io[1]],
+            ));
+            LinearConfig::new(io[0], io[1]).init(device)
+        })
+        .collect()
+}
+
 pub(crate) fn block(
     name: impl Into<String>,
     modules: &[String],

@@ -7,6 +7,23 @@
 /// The [`Classifier`](fl_core::Classifier) of a model with `represent` (the input of its final
 /// linear layer), `classify` (that layer) and its `block_specs`.
 macro_rules! classifier_from_parts {
+    // ResNets: the representation is the globally pooled output of every block but the head.
+    ($model:ty, pooled) => {
+        impl $model {
+            /// The globally pooled last feature map (the FC layer's input).
+            fn represent(&self, images: burn::tensor::Tensor<4>) -> burn::tensor::Tensor<2> {
+                let last = self.block_specs.len() - 1;
+                let x = $crate::common::run_blocks(self, 0..last, fl_core::Features::Map(images));
+                self.pool.forward(x.into_map()).flatten(1, 3)
+            }
+
+            /// The FC layer.
+            fn classify(&self, features: burn::tensor::Tensor<2>) -> burn::tensor::Tensor<2> {
+                self.fc.forward(features)
+            }
+        }
+        classifier_from_parts!($model);
+    };
     ($model:ty) => {
         impl fl_core::Classifier for $model {
             fn forward(&self, images: burn::tensor::Tensor<4>) -> burn::tensor::Tensor<2> {

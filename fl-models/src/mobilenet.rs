@@ -4,13 +4,13 @@ use crate::kernels::{batch_norm_forward, conv2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
-use burn::nn::{BatchNorm, Linear, LinearConfig};
+use burn::nn::{BatchNorm, Linear};
 use burn::tensor::activation::{hard_sigmoid, hard_swish, relu, relu6};
 use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Classifier, Features};
 
-use crate::common::{Dropout, block, bn, check_input, conv, out_size};
+use crate::common::{Dropout, block, bn, check_input, conv, fc_stack, out_size};
 
 /// Configuration of the MobileNets ([`MobileNetConfig::init_v1`], [`MobileNetConfig::init_v2`],
 /// [`MobileNetConfig::init_v3`]).
@@ -371,28 +371,14 @@ impl MobileNetConfig {
             input = width;
             head
         });
-        let mut widths = vec![input];
-        widths.extend(recipe.classifier_hidden);
-        widths.push(self.num_classes);
-        let fc: Vec<Linear> = widths
-            .windows(2)
-            .enumerate()
-            .map(|(i, io)| {
-                // The pooled map enters the first FC block.
-                let input_shape = if i == 0 {
-                    vec![io[0], h, w]
-                } else {
-                    vec![io[0]]
-                };
-                specs.push(block(
-                    format!("fc{}", i + 1),
-                    &[format!("fc.{i}")],
-                    input_shape,
-                    vec![io[1]],
-                ));
-                LinearConfig::new(io[0], io[1]).init(device)
-            })
-            .collect();
+        // The globally pooled map enters the first FC block.
+        let widths = [
+            &[input][..],
+            recipe.classifier_hidden.as_slice(),
+            &[self.num_classes],
+        ]
+        .concat();
+        let fc = fc_stack(vec![input, h, w], &widths, &mut specs, device);
         MobileNet {
             stem: ConvBnAct::new([c, stem_width], 3, 1, 1, stem_act, device),
             units,

@@ -10,7 +10,7 @@ use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Features};
 
-use crate::common::{block, bn, check_input, conv, out_size, run_blocks};
+use crate::common::{block, bn, check_input, conv, out_size};
 
 /// Configuration of [`ResNet20`] and [`ResNet20Ref`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -182,21 +182,7 @@ fn stages<U>(
     (units, [input, h, w])
 }
 
-classifier_from_parts!(ResNet20);
-
-impl ResNet20 {
-    /// The globally pooled last feature map (the FC layer's input).
-    fn represent(&self, images: Tensor<4>) -> Tensor<2> {
-        let last = self.block_specs.len() - 1;
-        let x = run_blocks(self, 0..last, Features::Map(images)).into_map();
-        self.pool.forward(x).flatten(1, 3)
-    }
-
-    /// The FC layer.
-    fn classify(&self, features: Tensor<2>) -> Tensor<2> {
-        self.fc.forward(features)
-    }
-}
+classifier_from_parts!(ResNet20, pooled);
 
 impl BlockForward for ResNet20 {
     /// Blocks `stem`, one per unit, and `head` (global pooling and the FC layer).
@@ -328,21 +314,7 @@ pub struct ResNet20Ref {
     block_specs: Vec<BlockSpec>,
 }
 
-classifier_from_parts!(ResNet20Ref);
-
-impl ResNet20Ref {
-    /// The globally pooled last feature map (the FC layer's input).
-    fn represent(&self, images: Tensor<4>) -> Tensor<2> {
-        let last = self.block_specs.len() - 1;
-        let x = run_blocks(self, 0..last, Features::Map(images)).into_map();
-        self.pool.forward(x).flatten(1, 3)
-    }
-
-    /// The FC layer.
-    fn classify(&self, features: Tensor<2>) -> Tensor<2> {
-        self.fc.forward(features)
-    }
-}
+classifier_from_parts!(ResNet20Ref, pooled);
 
 impl BlockForward for ResNet20Ref {
     /// Blocks `stem`, one per unit, and `head` (global pooling and the FC layer).

@@ -251,14 +251,7 @@ mod tests {
             } else {
                 assert_eq!(m["stage"], "recombine");
                 // Every model is made of uploaded layers; the multiset of layers is preserved.
-                let up: Vec<_> = ups.iter().map(|u| host(&u.table)).collect();
-                for t in 0..models[0].len() {
-                    let mut a: Vec<_> = models.iter().map(|x| x[t].clone()).collect();
-                    let mut b: Vec<_> = up.iter().map(|x| x[t].clone()).collect();
-                    a.sort_by(|x, y| x.partial_cmp(y).unwrap());
-                    b.sort_by(|x, y| x.partial_cmp(y).unwrap());
-                    assert_eq!(a, b);
-                }
+                assert_same_layers(&models, &ups);
             }
             assert!(m["mean_pairwise_cosine"].as_f64().unwrap() <= 1.0 + 1e-9);
         }
@@ -284,6 +277,11 @@ mod tests {
         assert!(m["secure_upload_bytes"].as_u64().unwrap() > payload);
         assert!(m["secure_exchange_bytes"].as_u64().unwrap() > 0);
         let models: Vec<_> = s.models().iter().map(host).collect();
+        assert_same_layers(&models, &ups);
+    }
+
+    /// Every layer position holds the same multiset of layers as the uploads.
+    fn assert_same_layers(models: &[Vec<Vec<f32>>], ups: &[LocalUpdate]) {
         let up: Vec<_> = ups.iter().map(|u| host(&u.table)).collect();
         for t in 0..models[0].len() {
             let mut a: Vec<_> = models.iter().map(|x| x[t].clone()).collect();
