@@ -48,7 +48,7 @@ enum Command {
         /// Output file: .png or .svg.
         #[arg(short, long, default_value = "curves.png")]
         out: PathBuf,
-        /// What to plot.
+        /// What to plot; `phi` (pFedClub runs) draws one curve per client architecture.
         #[arg(long, value_enum, default_value = "accuracy")]
         metric: report::Metric,
         /// Title above the plot.
@@ -235,6 +235,12 @@ fn main() -> ExitCode {
             models,
         } => load_groups(&runs).and_then(|g| {
             let g = if models { report::expand_models(g) } else { g };
+            // φ is drawn per client architecture, as pFedClub's Fig. 6.
+            let g = if metric == report::Metric::Phi {
+                report::expand_architectures(g)
+            } else {
+                g
+            };
             plot::plot(&g, metric, &title, &out)
         }),
         Command::Compare {

@@ -67,7 +67,7 @@ fn draw<DB: DrawingBackend>(
         .clone()
         .map(|p| p.0)
         .max()
-        .context("no evaluated rounds to plot")?;
+        .with_context(|| format!("no round of these runs has a {} to plot", metric.label()))?;
     let y_lo = points
         .clone()
         .map(|p| p.1 - p.2)
@@ -86,7 +86,10 @@ fn draw<DB: DrawingBackend>(
         .configure_mesh()
         .x_desc("round")
         .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.1}"))
+        .y_label_formatter(&|y| match metric {
+            Metric::Phi => format!("{y:.2}"),
+            _ => format!("{y:.1}"),
+        })
         .y_desc(metric.label())
         .label_style(("sans-serif", 16))
         .draw()
@@ -125,7 +128,7 @@ fn draw<DB: DrawingBackend>(
         .border_style(BLACK)
         .position(match metric {
             Metric::Accuracy => SeriesLabelPosition::LowerRight,
-            Metric::Loss => SeriesLabelPosition::UpperRight,
+            Metric::Loss | Metric::Phi => SeriesLabelPosition::UpperRight,
         })
         .draw()
         .map_err(err)?;

@@ -16,6 +16,9 @@ pub struct RunGroup {
     pub label: String,
     /// Metrics of each run, in directory order.
     pub runs: Vec<Vec<RoundMetrics>>,
+    /// Each client's architecture, where the runs recorded one (`manifest.json`'s
+    /// `architectures`: personalised runs over a model zoo).
+    pub architectures: Option<Vec<String>>,
 }
 
 /// Loads `dir` as a run, or as a group of the runs in its subfolders.
@@ -31,7 +34,12 @@ pub fn load_group(dir: &Path) -> anyhow::Result<RunGroup> {
     };
     if dir.join(files::METRICS).is_file() {
         let runs = vec![read(dir)?];
-        return Ok(RunGroup { label, runs });
+        let architectures = read_architectures(dir)?;
+        return Ok(RunGroup {
+            label,
+            runs,
+            architectures,
+        });
     }
     let entries = std::fs::read_dir(dir)
         .with_context(|| format!("{} is not a run directory", dir.display()))?;
@@ -51,7 +59,93 @@ pub fn load_group(dir: &Path) -> anyhow::Result<RunGroup> {
         .iter()
         .map(|d| read(d))
         .collect::<anyhow::Result<_>>()?;
-    Ok(RunGroup { label, runs })
+    let architectures = read_architectures(&subdirs[0])?;
+    for d in &subdirs[1..] {
+        if read_architectures(d)? != architectures {
+            bail!(
+                "{} and {} give their clients different architectures: not one setting",
+                subdirs[0].display(),
+                d.display()
+            );
+        }
+    }
+    Ok(RunGroup {
+        label,
+        runs,
+        architectures,
+    })
+}
+
+/// The clients' architectures a run's `manifest.json` records, if any.
+fn read_architectures(run: &Path) -> anyhow::Result<Option<Vec<String>>> {
+    let path = run.join("manifest.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    let manifest: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+    Ok(manifest.get("architectures").map(|a| {
+        a.as_array()
+            .into_iter()
+            .flatten()
+            .map(|k| k.as_str().unwrap_or("?").to_string())
+            .collect()
+    }))
+}
+
+/// Splits every group whose runs record each client's architecture and φ (`client_phi`,
+/// pFedClub) into one curve per architecture, "LABEL cnn1", whose `phi` is the mean φ of that
+/// architecture's clients that got a teacher in the round — pFedClub's Fig. 6. Other groups are
+/// kept as they are.
+pub fn expand_architectures(groups: Vec<RunGroup>) -> Vec<RunGroup> {
+    let mut out = Vec::new();
+    for group in groups {
+        let Some(archs) = group.architectures.clone() else {
+            out.push(group);
+            continue;
+        };
+        let mut names: Vec<&String> = Vec::new();
+        for a in &archs {
+            if !names.contains(&a) {
+                names.push(a);
+            }
+        }
+        for name in names {
+            let phi_of = |m: &RoundMetrics| -> Option<f64> {
+                let phis = m.extra.get("client_phi")?.as_array()?;
+                let of_arch: Vec<f64> = m
+                    .clients
+                    .iter()
+                    .zip(phis)
+                    .filter(|(c, _)| archs.get(**c) == Some(name))
+                    .filter_map(|(_, phi)| phi.as_f64())
+                    .collect();
+                (!of_arch.is_empty()).then(|| of_arch.iter().sum::<f64>() / of_arch.len() as f64)
+            };
+            let runs = group
+                .runs
+                .iter()
+                .map(|run| {
+                    run.iter()
+                        .map(|m| {
+                            let mut m = m.clone();
+                            match phi_of(&m) {
+                                Some(phi) => m.extra.insert("phi".into(), phi.into()),
+                                None => m.extra.remove("phi"),
+                            };
+                            m
+                        })
+                        .collect()
+                })
+                .collect();
+            out.push(RunGroup {
+                label: format!("{} {name}", group.label),
+                runs,
+                architectures: group.architectures.clone(),
+            });
+        }
+    }
+    out
 }
 
 /// Splits every group whose runs evaluated each of their K models (`model_acc`, FedMR's and
@@ -94,6 +188,7 @@ pub fn expand_models(groups: Vec<RunGroup>) -> Vec<RunGroup> {
             out.push(RunGroup {
                 label: format!("{} model {}", group.label, model + 1),
                 runs,
+                architectures: group.architectures.clone(),
             });
         }
         out.push(RunGroup {
@@ -123,6 +218,8 @@ pub enum Metric {
     Accuracy,
     /// Test loss.
     Loss,
+    /// pFedClub's φ, the teachers' mean relative size (|w*| − |w|)/|w| (per architecture).
+    Phi,
 }
 
 impl Metric {
@@ -131,6 +228,7 @@ impl Metric {
         match self {
             Self::Accuracy => "test accuracy (%)",
             Self::Loss => "test loss",
+            Self::Phi => "φ, teachers' relative size",
         }
     }
 
@@ -138,6 +236,7 @@ impl Metric {
         match self {
             Self::Accuracy => m.test_acc.map(|a| 100.0 * a),
             Self::Loss => m.test_loss,
+            Self::Phi => m.extra.get("phi").and_then(serde_json::Value::as_f64),
         }
     }
 }
@@ -344,10 +443,12 @@ mod tests {
         let plain = RunGroup {
             label: "fedavg".into(),
             runs: vec![vec![round(1, Some(0.4))]],
+            architectures: None,
         };
         let indep = RunGroup {
             label: "fedindep".into(),
             runs: vec![vec![m]],
+            architectures: None,
         };
         let groups = expand_models(vec![plain, indep]);
         let labels: Vec<&str> = groups.iter().map(|g| g.label.as_str()).collect();
@@ -368,6 +469,34 @@ mod tests {
     }
 
     #[test]
+    fn phi_splits_by_the_clients_architectures() {
+        // Clients 0 and 2 are CNN1s, 1 a CNN2; client 2 got no teacher in round 1 and
+        // no CNN2 trained in round 2.
+        let mut r1 = round(1, Some(0.5));
+        r1.clients = vec![0, 1, 2];
+        r1.extra
+            .insert("client_phi".into(), serde_json::json!([0.5, -0.25, null]));
+        let mut r2 = round(2, Some(0.5));
+        r2.clients = vec![2, 0];
+        r2.extra
+            .insert("client_phi".into(), serde_json::json!([1.0, 0.0]));
+        let runs = vec![vec![r1.clone(), r2.clone()], vec![r1, r2]];
+        let g = RunGroup {
+            label: "club".into(),
+            runs,
+            architectures: Some(vec!["cnn1".into(), "cnn2".into(), "cnn1".into()]),
+        };
+        let groups = expand_architectures(vec![g]);
+        let labels: Vec<&str> = groups.iter().map(|g| g.label.as_str()).collect();
+        assert_eq!(labels, ["club cnn1", "club cnn2"]);
+        let phi = |g: &RunGroup| -> Vec<(usize, f64)> {
+            curve(g, Metric::Phi).iter().map(|p| (p.0, p.1)).collect()
+        };
+        assert_eq!(phi(&groups[0]), [(1, 0.5), (2, 0.5)]);
+        assert_eq!(phi(&groups[1]), [(1, -0.25)]);
+    }
+
+    #[test]
     fn groups_average_across_seeds_and_tables_report_targets() {
         let g = RunGroup {
             label: "fedx".into(),
@@ -375,6 +504,7 @@ mod tests {
                 vec![round(1, Some(0.5)), round(2, None), round(3, Some(0.9))],
                 vec![round(1, Some(0.7)), round(2, None), round(3, Some(0.7))],
             ],
+            architectures: None,
         };
         let c = curve(&g, Metric::Accuracy);
         assert_eq!(c.len(), 2);

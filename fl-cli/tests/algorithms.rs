@@ -260,6 +260,22 @@ fn pfedclub_variants_run_on_fashion_mnist_and_bad_flags_are_errors() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(metrics(&club).len(), 3);
     assert_eq!(metrics(&club)[..2], rounds[..]);
+    // φ per architecture over rounds (the paper's Fig. 6): one curve per zoo member.
+    let svg = dir.path().join("phi.svg");
+    let o = fl(&[
+        "plot",
+        club.to_str().unwrap(),
+        "--metric",
+        "phi",
+        "--out",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        drawn.contains("club cnn1") && drawn.contains("club cnn4"),
+        "{drawn}"
+    );
     for variant in ["pfedhr", "local"] {
         let out = dir.path().join(variant);
         run_ok(&base(&out, &["--variant", variant]));
