@@ -42,7 +42,8 @@ pub enum PartitionKind {
 #[derive(Debug, Clone, PartialEq, Args, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RunSettings {
-    /// Dataset: fashion-mnist, mnist, cifar10, cifar100, cifar100-coarse, femnist, image-folder.
+    /// Dataset: fashion-mnist, mnist, cifar10, cifar100, cifar100-coarse, svhn, femnist,
+    /// image-folder.
     #[arg(long, default_value = "fashion-mnist")]
     pub dataset: String,
     /// Directory with the dataset files (default: $FL_DATA_DIR, system paths, embedded copy).
@@ -436,6 +437,8 @@ impl RunSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithms::pfedclub::Public;
+    use fl_core::strategy::pfedclub::cmsr::Anchor;
 
     fn write(dir: &Path, text: &str) -> PathBuf {
         let file = dir.join("c.toml");
@@ -541,19 +544,112 @@ mod tests {
                 if !matches!(cfg.algorithm, Algorithm::Pfedclub(_)) {
                     cfg.run.model_kind().unwrap();
                 }
-                // The papers' momentum: FedCross §4.1 says 0.5, FedMR's paper 0.9.
+                // The papers' momentum: FedCross §4.1 says 0.5, FedMR's paper 0.9 (pFedClub
+                // trains with Adam).
                 if dir.ends_with("paper") {
-                    let momentum = match cfg.algorithm {
-                        Algorithm::Fedcross(_) => 0.5,
-                        _ => 0.9,
-                    };
-                    assert_eq!(cfg.run.momentum, momentum, "{name}");
+                    match cfg.algorithm {
+                        Algorithm::Fedcross(_) => assert_eq!(cfg.run.momentum, 0.5, "{name}"),
+                        Algorithm::Fedmr(_) => assert_eq!(cfg.run.momentum, 0.9, "{name}"),
+                        _ => {}
+                    }
                 }
                 let check = cfg.algorithm.settings().check(&cfg.run);
                 assert!(check.is_ok(), "{name}: {check:?}");
                 count += 1;
             }
         }
-        assert!(count >= 70, "{count}");
+        assert!(count >= 125, "{count}");
+    }
+
+    /// Every cell of pFedClub's Tables 1, 2, 3 and 5 has a config with the paper's settings.
+    #[test]
+    fn pfedclub_paper_configs_cover_its_tables() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/paper");
+        let load = |name: &str| {
+            let cfg = RunConfig::from_file(&dir.join(format!("pfedclub-{name}.toml")))
+                .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            let Algorithm::Pfedclub(club) = &cfg.algorithm else {
+                panic!("{name}: not pfedclub")
+            };
+            let r = &cfg.run;
+            assert_eq!(
+                (r.clients, r.sample, r.local_epochs, r.batch_size, r.lr),
+                (50, 5, 10, 64, 0.001),
+                "{name}"
+            );
+            assert_eq!((club.stitch_epochs, club.candidates), (3, 4), "{name}");
+            assert_eq!(
+                (club.distill_weight, club.public_fraction),
+                (0.2, 0.08),
+                "{name}"
+            );
+            (cfg.run.clone(), club.clone())
+        };
+        let mut cells = 0;
+        for (zoo, roman) in [("zoo1", "I"), ("zoo2", "II"), ("zoo3", "III")] {
+            for dataset in ["mnist", "svhn", "cifar10"] {
+                for (partition, classes) in [("iid", None), ("noniid", Some(2))] {
+                    for public in ["labeled", "unlabeled"] {
+                        let (run, club) = load(&format!("{zoo}-{dataset}-{partition}-{public}"));
+                        assert_eq!(run.dataset, dataset);
+                        assert_eq!(run.model, format!("zoo-{}", roman.to_lowercase()));
+                        assert_eq!(club.zoo, roman.parse().unwrap());
+                        assert_eq!(club.public == Public::Labeled, public == "labeled");
+                        match classes {
+                            None => assert_eq!(run.partition, PartitionKind::Iid),
+                            Some(c) => {
+                                assert_eq!(run.partition, PartitionKind::Pathological);
+                                assert_eq!(run.classes_per_client, c);
+                            }
+                        }
+                        assert_eq!(club.groups, 4);
+                        cells += 1;
+                    }
+                }
+            }
+        }
+        for model in ["cnn2", "mobilenet-v2"] {
+            for dataset in ["mnist", "svhn", "cifar10"] {
+                for partition in ["iid", "noniid"] {
+                    let (run, club) = load(&format!("{model}-{dataset}-{partition}-labeled"));
+                    assert_eq!(
+                        club.architectures(&run).unwrap(),
+                        vec![run.model_kind().unwrap(); 50]
+                    );
+                    cells += 1;
+                }
+            }
+        }
+        let ablation = "zoo1-cifar10-noniid-labeled";
+        let (_, c) = load(&format!("{ablation}-anchor-min"));
+        assert_eq!(
+            (c.anchor, c.no_order, c.no_completion),
+            (Anchor::Min, false, false)
+        );
+        let (_, c) = load(&format!("{ablation}-no-order"));
+        assert_eq!(
+            (c.anchor, c.no_order, c.no_completion),
+            (Anchor::Random, true, false)
+        );
+        let (_, c) = load(&format!("{ablation}-no-completion"));
+        assert_eq!(
+            (c.anchor, c.no_order, c.no_completion),
+            (Anchor::Random, false, true)
+        );
+        for k in [2, 3, 5, 6] {
+            assert_eq!(load(&format!("{ablation}-k{k}")).1.groups, k);
+        }
+        cells += 7;
+        let shipped = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("pfedclub-")
+            })
+            .count();
+        assert_eq!(shipped, cells);
     }
 }
