@@ -288,45 +288,40 @@ impl RunConfig {
         use crate::algorithms::fedmr::Unit;
         let r = &self.run;
         let p = r.partition;
-        let applies = |flag: &str| match flag {
-            "alpha" => matches!(
+        let partition = p.to_possible_value().expect("named");
+        let partition = partition.get_name();
+        let drawing =
+            |ok: bool| (!ok).then(|| format!("does not apply to --partition {partition}"));
+        let only_with = |ok: bool, needs: &str| (!ok).then(|| format!("applies only with {needs}"));
+        let problem = |flag: &str| match flag {
+            "alpha" => drawing(matches!(
                 p,
                 PartitionKind::Dirichlet | PartitionKind::DirichletBalanced
+            )),
+            "min_client_size" => drawing(p == PartitionKind::Dirichlet),
+            "classes_per_client" => drawing(p == PartitionKind::Pathological),
+            "min_writer_samples" => drawing(p == PartitionKind::Natural),
+            "segment_fraction" => only_with(
+                matches!(&self.algorithm, Algorithm::Fedmr(s) if s.granularity == Unit::Segments),
+                "--granularity segments",
             ),
-            "min_client_size" => p == PartitionKind::Dirichlet,
-            "classes_per_client" => p == PartitionKind::Pathological,
-            "min_writer_samples" => p == PartitionKind::Natural,
-            "segment_fraction" => {
-                matches!(&self.algorithm, Algorithm::Fedmr(s) if s.granularity == Unit::Segments)
-            }
-            "secure_passes" => matches!(&self.algorithm, Algorithm::Fedmr(s) if s.secure),
-            "public_fraction" | "test_fraction" | "max_samples" | "fine_tune_steps" => {
-                r.personal || matches!(self.algorithm, Algorithm::Pfedclub(_))
-            }
+            "secure_passes" => only_with(
+                matches!(&self.algorithm, Algorithm::Fedmr(s) if s.secure),
+                "--secure",
+            ),
+            "public_fraction" | "test_fraction" | "max_samples" | "fine_tune_steps" => only_with(
+                r.personal || matches!(self.algorithm, Algorithm::Pfedclub(_)),
+                "--personal",
+            ),
             // The K models are scored on the shared test set, which a per-client run lacks.
-            "eval_models" => !r.personal,
-            _ => true,
+            "eval_models" => r
+                .personal
+                .then(|| "does not apply to --personal".to_string()),
+            _ => None,
         };
-        if let Some(flag) = args.given.iter().find(|f| !applies(f)) {
-            let needs = match flag.as_str() {
-                "segment_fraction" => "--granularity segments".to_string(),
-                "secure_passes" => "--secure".to_string(),
-                "public_fraction" | "test_fraction" | "max_samples" | "fine_tune_steps" => {
-                    "--personal".to_string()
-                }
-                "eval_models" => "--personal".to_string(),
-                _ => format!(
-                    "--partition {}",
-                    p.to_possible_value().expect("named").get_name()
-                ),
-            };
-            let flag = flag.replace('_', "-");
-            match flag.as_str() {
-                "segment-fraction" | "secure-passes" | "public-fraction" | "test-fraction"
-                | "max-samples" | "fine-tune-steps" => {
-                    bail!("--{flag} applies only with {needs}")
-                }
-                _ => bail!("--{flag} does not apply to {needs}"),
+        for flag in &args.given {
+            if let Some(why) = problem(flag) {
+                bail!("--{} {why}", flag.replace('_', "-"));
             }
         }
         Ok(())

@@ -119,10 +119,7 @@ fn run_one(cfg: &RunConfig, resume: bool, quiet: bool) -> anyhow::Result<()> {
     let mut strategy = cfg.algorithm.settings().strategy(&cfg.run, &|| {
         partition.label_histogram(data.train.labels(), data.train.num_classes())
     })?;
-    // Everything is checked before the run directory is created.
-    cfg.run.engine().validate(partition.num_clients())?;
-    partition.validate(data.train.len())?;
-    let dir = RunDir::open(cfg, resume)?;
+    let dir = RunDir::open(cfg, resume, &partition, data.train.len())?;
     let out = dir.path.clone();
     if !resume {
         write_run_files(cfg, &out, &data, &partition, serde_json::Map::new())?;

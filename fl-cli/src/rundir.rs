@@ -24,9 +24,18 @@ pub struct RunDir {
 }
 
 impl RunDir {
-    /// Creates (or, resuming, opens) `cfg`'s run directory and locks it; refuses a directory
-    /// another process holds, and one that already holds a run unless resuming.
-    pub fn open(cfg: &RunConfig, resume: bool) -> anyhow::Result<Self> {
+    /// Creates (or, resuming, opens) `cfg`'s run directory and locks it, only for a run that
+    /// can start: the engine settings and `partition` (of `train_len` training samples) are
+    /// checked first. Refuses a directory another process holds, and one that already holds a
+    /// run unless resuming.
+    pub fn open(
+        cfg: &RunConfig,
+        resume: bool,
+        partition: &Partition,
+        train_len: usize,
+    ) -> anyhow::Result<Self> {
+        cfg.run.engine().validate(partition.num_clients())?;
+        partition.validate(train_len)?;
         let path = cfg.out_dir();
         std::fs::create_dir_all(&path)
             .with_context(|| format!("cannot create {}", path.display()))?;

@@ -66,17 +66,18 @@ struct Stamped {
 /// The metadata key of this version's checkpoints.
 const KEY: &str = "fl";
 
-/// SHA-256 (hex) of the header's JSON followed by the file's tensor bytes.
-fn checksum(header: &Header, data: &[u8]) -> String {
+/// SHA-256 (hex) of the header's JSON followed by every tensor's name and bytes, in name order
+/// (independent of where the file puts them).
+fn checksum<'a>(header: &Header, tensors: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> String {
+    let mut tensors: Vec<_> = tensors.into_iter().collect();
+    tensors.sort_unstable_by_key(|&(name, _)| name);
     let mut hash = Sha256::new();
     hash.update(serde_json::to_vec(header).expect("headers serialise"));
-    hash.update(data);
+    for (name, bytes) in tensors {
+        hash.update(name.as_bytes());
+        hash.update(bytes);
+    }
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The tensor bytes of a safetensors file: everything after its 8-byte length and header.
-fn data_section(bytes: &[u8], header_len: usize) -> &[u8] {
-    bytes.get(8 + header_len..).unwrap_or_default()
 }
 
 /// Writes `state` after `round` to `path` atomically.
@@ -111,13 +112,12 @@ pub fn save(
         slots: state.tables.len(),
         extra: state.extra.clone(),
     };
-    // The tensor bytes do not depend on the metadata: serialise once to hash them, then with
-    // the checksum (a header of another length shifts, but does not change, the data).
-    let unstamped =
-        safetensors::serialize(views.clone(), None).map_err(|e| corrupt(e.to_string()))?;
-    let (header_len, _) =
-        safetensors::SafeTensors::read_metadata(&unstamped).map_err(|e| corrupt(e.to_string()))?;
-    let sha256 = checksum(&header, data_section(&unstamped, header_len));
+    let sha256 = checksum(
+        &header,
+        named
+            .iter()
+            .map(|(n, _, bytes)| (n.as_str(), bytes.as_slice())),
+    );
     let stamped = serde_json::to_string(&Stamped { header, sha256 }).expect("headers serialise");
     let meta = HashMap::from([(KEY.to_string(), stamped)]);
     let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| corrupt(e.to_string()))?;
@@ -156,8 +156,9 @@ pub fn load_with(
         path: p.clone(),
         source,
     })?;
-    let (header_len, metadata) =
+    let (_, metadata) =
         safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let meta = metadata
         .metadata()
         .clone()
@@ -171,7 +172,11 @@ pub fn load_with(
         Some(text) => {
             let stamped: Stamped =
                 serde_json::from_str(text).map_err(|e| corrupt(format!("metadata: {e}")))?;
-            let found = checksum(&stamped.header, data_section(&bytes, header_len));
+            let views = st.tensors();
+            let found = checksum(
+                &stamped.header,
+                views.iter().map(|(n, v)| (n.as_str(), v.data())),
+            );
             if found != stamped.sha256 {
                 return Err(corrupt(format!(
                     "its contents' SHA-256 is {found}, but {} was recorded when it was written",
@@ -182,7 +187,6 @@ pub fn load_with(
         }
         None => legacy_header(&meta).map_err(corrupt)?,
     };
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let mut tables = Vec::with_capacity(slots);
     for slot in 0..slots {
         let layout = layout_of(slot, &extra).map_err(&corrupt)?;

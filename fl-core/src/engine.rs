@@ -250,11 +250,9 @@ impl<M: Classifier> Evaluator for EngineEvaluator<'_, '_, M> {
         tune: &FineTune,
     ) -> Result<Vec<ParamTable>, StrategyError> {
         let sim = self.sim;
+        let batch = sim.config.train.batch_size;
         let task = |client: usize, start: ParamTable| LocalTask {
-            template: match &sim.clients {
-                Some(c) => (c.build)(client),
-                None => sim.model.clone(),
-            },
+            template: sim.template(client),
             start,
             data: &sim.data.train,
             norm: &sim.data.normalization,
@@ -269,7 +267,6 @@ impl<M: Classifier> Evaluator for EngineEvaluator<'_, '_, M> {
                 .par_iter()
                 .map(|(client, table)| {
                     let task = task(*client, table.clone());
-                    let batch = sim.config.train.batch_size;
                     fine_tune(task, tune.steps, tune.lr, tune.proximal, batch)
                         .map_err(|e| StrategyError::Config(e.to_string()))
                 })
@@ -350,6 +347,14 @@ impl<M: Classifier> Simulation<'_, M> {
             .map_err(|e| EngineError::Config(e.to_string()))
     }
 
+    /// A model of client `client`'s architecture on the autodiff device, to train or tune.
+    fn template(&self, client: usize) -> M {
+        match &self.clients {
+            Some(models) => (models.build)(client),
+            None => self.model.clone(),
+        }
+    }
+
     /// The initial model as a table, with the model's blocks when it declares them.
     pub fn initial_table(&self) -> Result<ParamTable, LayerError> {
         let blocks = self.model.blocks();
@@ -425,7 +430,7 @@ impl<M: Classifier> Simulation<'_, M> {
                 }
                 tracing::warn!("no round had finished: starting from round 1");
             }
-            rewrite_metrics(&dir.join(files::METRICS), &history)?;
+            rewrite_metrics(&metrics, &history)?;
         }
 
         let pool = rayon::ThreadPoolBuilder::new()
@@ -465,10 +470,7 @@ impl<M: Classifier> Simulation<'_, M> {
                 .into_iter()
                 .zip(&objectives)
                 .map(|(c, objective)| LocalTask {
-                    template: match &self.clients {
-                        Some(models) => (models.build)(c.client),
-                        None => self.model.clone(),
-                    },
+                    template: self.template(c.client),
                     start: c.start,
                     data: &self.data.train,
                     norm: &self.data.normalization,

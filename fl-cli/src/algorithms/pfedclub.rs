@@ -233,8 +233,6 @@ pub fn run_one(
         partition,
     } = personal_data(run, data)?;
     let kinds = setup.architectures(run)?;
-    run.engine().validate(partition.num_clients())?;
-    partition.validate(personal.train.len())?;
     let ad = backend::device().autodiff();
     let (shape, classes) = (pooled.image_shape(), pooled.num_classes());
     let build = |client: usize| {
@@ -252,7 +250,7 @@ pub fn run_one(
         run.seed,
         run.eval_batch_size,
     )?;
-    let dir = RunDir::open(cfg, resume)?;
+    let dir = RunDir::open(cfg, resume, &partition, personal.train.len())?;
     let out = dir.path.clone();
     if !resume {
         let mut extra = serde_json::Map::new();

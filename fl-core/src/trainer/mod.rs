@@ -39,7 +39,8 @@ pub struct TrainConfig {
     /// gradient at an adversarially perturbed point. `None` trains plainly.
     #[serde(default)]
     pub sharpness: Option<SharpnessAware>,
-    /// How each local step is taken: a plain gradient step, or Per-FedAvg's meta step.
+    /// How each local step is taken: a plain gradient step, Per-FedAvg's meta step or pFedMe's
+    /// Moreau-envelope step.
     #[serde(default)]
     pub procedure: LocalProcedure,
 }
@@ -335,18 +336,6 @@ fn train_steps<M: Classifier>(
                     .collect::<Result<Vec<_>, _>>()
             };
             let reference_features = features_of(&images)?;
-            if let LocalProcedure::PFedMe(moreau) = &cfg.procedure {
-                // θ starts at the received model and lives for the round (authors' code).
-                let w = ParamTable::from_module(&model);
-                let theta = personal.take().unwrap_or_else(|| model.clone());
-                let loss_at = |m: &M| step.loss(m, &images, &labels, &reference_features);
-                let (theta, loss) = moreau.personalise(theta, &w, &loss_at)?;
-                let pulled = moreau.pull(&w, &ParamTable::from_module(&theta), cfg.lr)?;
-                model = pulled.load_into(model)?;
-                personal = Some(theta);
-                epoch_losses.push(loss);
-                continue;
-            }
             let (loss, mut grads) = match &cfg.procedure {
                 LocalProcedure::Sgd => {
                     let loss = step.loss(&model, &images, &labels, &reference_features)?;
@@ -365,7 +354,19 @@ fn train_steps<M: Classifier>(
                     };
                     meta.gradients(&model, &loss_at)?
                 }
-                LocalProcedure::PFedMe(_) => unreachable!("taken above"),
+                LocalProcedure::PFedMe(moreau) => {
+                    // θ starts at the received model and lives for the round (authors' code);
+                    // w moves towards it, not along a gradient.
+                    let w = ParamTable::from_module(&model);
+                    let theta = personal.take().unwrap_or_else(|| model.clone());
+                    let loss_at = |m: &M| step.loss(m, &images, &labels, &reference_features);
+                    let (theta, loss) = moreau.personalise(theta, &w, &loss_at)?;
+                    let pulled = moreau.pull(&w, &ParamTable::from_module(&theta), cfg.lr)?;
+                    model = pulled.load_into(model)?;
+                    personal = Some(theta);
+                    epoch_losses.push(loss);
+                    continue;
+                }
             };
             epoch_losses.push(loss.detach());
             if let Some(sam) = &cfg.sharpness {
