@@ -71,6 +71,7 @@ fn client_task<'a, M>(
         round: 1,
         seed,
         objective,
+        state: None,
     }
 }
 

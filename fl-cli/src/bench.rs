@@ -159,6 +159,7 @@ fn measure<M: Classifier>(
                 round: 1,
                 seed: 1,
                 objective: None,
+                state: None,
             },
             cfg,
         )

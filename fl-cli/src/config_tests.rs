@@ -259,6 +259,7 @@ fn table2_baseline_configs_match_pfedclubs_cells() {
         ("perfedavg", "perfedavg"),
         ("perfedavg-hf", "perfedavg"),
         ("pfedme", "pfedme"),
+        ("pfedbayes", "pfedbayes"),
     ] {
         for model in ["cnn2", "mobilenet-v2"] {
             for dataset in ["mnist", "svhn", "cifar10"] {

@@ -47,11 +47,12 @@ fn global_methods_are_evaluated_on_each_clients_own_test_portion() {
 }
 
 #[test]
-fn per_fedavg_and_pfedme_resume_exactly() {
+fn per_fedavg_pfedme_and_pfedbayes_resume_exactly() {
     let dir = tmp();
     for (algorithm, extra) in [
         ("perfedavg", "--hessian-free"),
         ("pfedme", "--inner-steps 2"),
+        ("pfedbayes", "--inner-steps 2"),
     ] {
         let full = dir.path().join(format!("{algorithm}-full"));
         let resumed = dir.path().join(format!("{algorithm}-resumed"));
@@ -62,7 +63,21 @@ fn per_fedavg_and_pfedme_resume_exactly() {
         assert!(o.status.success(), "{}", stderr(&o));
         assert_eq!(metrics(&full), metrics(&resumed), "{algorithm}");
         assert_eq!(weights(&full), weights(&resumed), "{algorithm}");
-        assert!(metrics(&full)[2]["fine_tune_steps"].as_u64().unwrap() > 0);
+        let last = &metrics(&full)[2];
+        if algorithm == "pfedbayes" {
+            // Personalised posteriors, and the global posterior's mean beside them; the
+            // uploads are posteriors (μ and ρ).
+            assert_eq!(last["client_acc"].as_array().unwrap().len(), 8);
+            assert!(last["global_acc"].as_f64().is_some());
+            let fedavg = metrics(&dir.path().join("perfedavg-full"));
+            let (b, f) = (
+                last["bytes_up"].as_u64().unwrap(),
+                fedavg[2]["bytes_up"].as_u64().unwrap(),
+            );
+            assert!(b > f * 19 / 10 && b <= 2 * f, "{b} vs {f}");
+        } else {
+            assert!(last["fine_tune_steps"].as_u64().unwrap() > 0);
+        }
     }
 }
 
@@ -99,6 +114,16 @@ fn personal_split_settings_are_checked_and_old_configs_still_read() {
         ("pfedme --lambda 0", "lambda must be > 0"),
         ("pfedme --beta 0", "--beta must be > 0"),
         ("pfedme --inner-steps 0", "inner steps must be at least 1"),
+        ("pfedbayes --zeta=-1", "zeta must be >= 0"),
+        ("pfedbayes --noise=-0.5", "noise must be >= 0"),
+        (
+            "pfedbayes --personal-lr 0",
+            "personal learning rate must be > 0",
+        ),
+        (
+            "pfedbayes --personal --fine-tune-steps 2",
+            "--fine-tune-steps does not apply",
+        ),
         (
             "fedmr --personal --eval-models",
             "--eval-models does not apply to --personal",

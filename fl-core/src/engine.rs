@@ -261,6 +261,7 @@ impl<M: Classifier> Evaluator for EngineEvaluator<'_, '_, M> {
             round,
             seed: sim.config.seed,
             objective: None,
+            state: None,
         };
         self.pool.install(|| {
             models
@@ -480,6 +481,7 @@ impl<M: Classifier> Simulation<'_, M> {
                     seed: cfg.seed,
                     // The strategy's own term (FedProx, SCAFFOLD) wins over the simulation's.
                     objective: objective.as_deref().or(self.objective),
+                    state: c.state,
                 })
                 .collect();
             let train_cfg = plan.train;

@@ -10,8 +10,10 @@
 //!   checkpoints.
 //! - [`landscape`]: loss surfaces along filter-normalised random directions.
 //! - [`secure`]: FedMR's encrypted client-to-client layer exchange.
+//! - [`bayes`]: mean-field Gaussian posteriors over any model (pFedBayes).
 //! - [`rng`]: seeded randomness independent of thread scheduling.
 
+pub mod bayes;
 pub mod checkpoint;
 pub mod engine;
 pub mod landscape;

@@ -29,6 +29,8 @@ pub enum Purpose {
     Objective = 7,
     /// Batches and forward passes of the personalisation steps before a per-client evaluation.
     FineTune = 8,
+    /// The weight noise ε of a Bayesian client's sampled models (pFedBayes).
+    Posterior = 9,
 }
 
 /// SplitMix64 finaliser: a cheap, well-mixed 64-bit hash step.

@@ -114,6 +114,7 @@ pub fn upload(seed: u64, num_samples: usize) -> crate::trainer::LocalUpdate {
     crate::trainer::LocalUpdate {
         client: seed as usize,
         table: ParamTable::from_module(&tiny(seed)),
+        state: None,
         num_samples,
         train_loss: 0.0,
         steps: 10,

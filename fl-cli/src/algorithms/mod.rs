@@ -19,6 +19,7 @@ pub mod fedmut;
 pub mod fedprox;
 pub mod moon;
 pub mod perfedavg;
+pub mod pfedbayes;
 pub mod pfedclub;
 pub mod pfedme;
 pub mod scaffold;
@@ -45,6 +46,7 @@ pub use fedmut::FedMutSettings;
 pub use fedprox::FedProxSettings;
 pub use moon::MoonSettings;
 pub use perfedavg::PerFedAvgSettings;
+pub use pfedbayes::PFedBayesSettings;
 pub use pfedclub::PfedclubSettings;
 pub use pfedme::PFedMeSettings;
 pub use scaffold::ScaffoldSettings;
@@ -255,6 +257,10 @@ registry! {
     /// pFedMe (T. Dinh et al. 2020): Moreau-envelope personalisation (λ, η_p, K inner steps),
     /// β-mixing server; with --personal each client is evaluated on its personalised model.
     Pfedme(PFedMeSettings) = "pfedme",
+    /// pFedBayes (Zhang et al. 2022): variational Bayesian personalisation over mean-field
+    /// Gaussian weights (ζ, η_p, K steps per batch), β-mixing server; with --personal each client
+    /// is evaluated on its personalised posterior's mean.
+    Pfedbayes(PFedBayesSettings) = "pfedbayes",
 }
 
 /// A check of a setting: `Ok` when `ok`, else the error `what`.

@@ -24,6 +24,7 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{Device, Tensor, TensorData};
 
 mod arith;
+mod parts;
 mod recombine;
 mod similarity;
 

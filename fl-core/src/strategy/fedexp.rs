@@ -120,6 +120,7 @@ mod tests {
         let ups = [0.5, -0.4]
             .map(|k| LocalUpdate {
                 table: x.combine(1.0, &d, k).unwrap(),
+                state: None,
                 ..upload(0, 10)
             })
             .to_vec();

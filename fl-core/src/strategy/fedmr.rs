@@ -227,6 +227,7 @@ mod tests {
             steps: 1,
             client: seed as usize,
             table: ParamTable::from_module_with_blocks(&m, crate::Classifier::blocks(&m)).unwrap(),
+            state: None,
             num_samples: samples,
             train_loss: 1.0,
         }

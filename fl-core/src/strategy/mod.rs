@@ -4,7 +4,8 @@
 //!
 //! One algorithm, one file: [`fedavg`], [`fedmr`], [`fedcross`], and the baselines [`fedprox`],
 //! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`], [`fedasam`], [`moon`], [`clusamp`],
-//! [`fedgen`]; and [`pfedclub`], personalised FL over heterogeneous models. Methods that are
+//! [`fedgen`]; the personalised baselines [`perfedavg`], [`pfedme`], [`pfedbayes`]; and
+//! [`pfedclub`], personalised FL over heterogeneous models. Methods that are
 //! FedAvg plus a client-side rule compose it with [`fedavg_with::FedAvgWith`]; the K-model
 //! methods (FedMR, FedCross, FedMut) share [`ModelSlots`].
 
@@ -23,6 +24,7 @@ pub mod flexifed;
 pub mod moon;
 pub mod perfedavg;
 pub mod personal;
+pub mod pfedbayes;
 pub mod pfedclub;
 pub mod pfedme;
 pub mod scaffold;
@@ -40,6 +42,7 @@ pub use fedmut::{FedMut, FedMutConfig};
 pub use fedprox::{FedProx, Proximal};
 pub use moon::{Moon, MoonRule};
 pub use perfedavg::{MetaLearning, PerFedAvg};
+pub use pfedbayes::PFedBayes;
 pub use pfedclub::PFedClub;
 pub use pfedme::{BetaMix, MoreauEnvelope, PFedMe};
 pub use scaffold::{Scaffold, ScaffoldConfig};
@@ -136,6 +139,9 @@ pub struct ClientInstruction {
     pub objective: Option<Arc<dyn LocalObjective>>,
     /// Bytes the server sends it (by default the start model's size).
     pub bytes_down: usize,
+    /// What the client kept from its last round, which the strategy holds on its behalf
+    /// (pFedBayes' personalised posterior); it never travels, so it is not in `bytes_down`.
+    pub state: Option<ParamTable>,
 }
 
 /// A round's plan: which clients train, from which models, with which objective and settings
@@ -160,6 +166,7 @@ impl RoundPlan {
                 bytes_down: start.byte_size(),
                 start,
                 objective: None,
+                state: None,
             })
             .collect();
         Self {
@@ -173,6 +180,15 @@ impl RoundPlan {
         debug_assert_eq!(objectives.len(), self.clients.len());
         for (c, o) in self.clients.iter_mut().zip(objectives) {
             c.objective = o;
+        }
+        self
+    }
+
+    /// Gives the clients their own kept state (in dispatch order).
+    pub fn with_states(mut self, states: Vec<Option<ParamTable>>) -> Self {
+        debug_assert_eq!(states.len(), self.clients.len());
+        for (c, s) in self.clients.iter_mut().zip(states) {
+            c.state = s;
         }
         self
     }

@@ -29,6 +29,9 @@ pub enum LocalProcedure {
     PerFedAvg(MetaStep),
     /// pFedMe's Moreau-envelope step per mini-batch ([`MoreauStep`](super::MoreauStep)).
     PFedMe(super::MoreauStep),
+    /// pFedBayes' variational steps ([`BayesStep`](super::BayesStep)): the client trains its
+    /// personalised posterior and its copy of the global one.
+    PFedBayes(super::BayesStep),
 }
 
 /// The settings of a Per-FedAvg step.
@@ -166,6 +169,7 @@ mod tests {
             round: 1,
             seed: 9,
             objective: None,
+            state: None,
         };
         let cfg = TrainConfig {
             local_epochs: 2,

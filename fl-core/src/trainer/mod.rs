@@ -12,9 +12,11 @@ use crate::layers::{LayerError, ParamTable};
 use crate::model::Classifier;
 use crate::rng::{Purpose, derive_seed, rng_for, with_forward_stream};
 
+mod bayes;
 mod meta;
 mod pfedme;
 mod sam;
+pub use bayes::BayesStep;
 pub use meta::{LocalProcedure, MetaStep, combine, hessian_vector_product};
 pub use pfedme::MoreauStep;
 pub use sam::SharpnessAware;
@@ -39,8 +41,8 @@ pub struct TrainConfig {
     /// gradient at an adversarially perturbed point. `None` trains plainly.
     #[serde(default)]
     pub sharpness: Option<SharpnessAware>,
-    /// How each local step is taken: a plain gradient step, Per-FedAvg's meta step or pFedMe's
-    /// Moreau-envelope step.
+    /// How each local step is taken: a plain gradient step, Per-FedAvg's meta step, pFedMe's
+    /// Moreau-envelope step or pFedBayes' variational steps.
     #[serde(default)]
     pub procedure: LocalProcedure,
 }
@@ -102,6 +104,7 @@ impl TrainConfig {
             LocalProcedure::Sgd => {}
             LocalProcedure::PerFedAvg(meta) => meta.validate()?,
             LocalProcedure::PFedMe(moreau) => moreau.validate()?,
+            LocalProcedure::PFedBayes(bayes) => bayes.validate()?,
         }
         if self.procedure != LocalProcedure::Sgd && self.sharpness.is_some() {
             return Err("sharpness-aware steps combine only with plain local steps".into());
@@ -175,6 +178,9 @@ pub struct LocalUpdate {
     pub client: usize,
     /// The trained model.
     pub table: ParamTable,
+    /// What the client keeps for its next round ([`LocalTask::state`]; pFedBayes' personalised
+    /// posterior). Never counted as communication.
+    pub state: Option<ParamTable>,
     /// Number of local training samples (FedAvg's weight).
     pub num_samples: usize,
     /// Mean mini-batch loss over all local steps.
@@ -252,6 +258,9 @@ pub struct LocalTask<'a, M> {
     pub seed: u64,
     /// Optional extra loss term.
     pub objective: Option<&'a dyn LocalObjective>,
+    /// What the client kept from its last round (pFedBayes' personalised posterior), held by
+    /// the strategy on its behalf; `None` for stateless clients.
+    pub state: Option<ParamTable>,
 }
 
 /// Trains a model on one client's samples and returns the result as a table.
@@ -271,7 +280,10 @@ pub fn train_local<M: Classifier>(
         task.round as u64,
         task.client as u64,
     );
-    with_forward_stream(forward_seed, || train_steps(task, cfg))
+    with_forward_stream(forward_seed, || match &cfg.procedure {
+        LocalProcedure::PFedBayes(step) => bayes::train(task, step, cfg),
+        _ => train_steps(task, cfg),
+    })
 }
 
 /// The body of [`train_local`], run with the client's forward-pass stream installed.
@@ -367,6 +379,9 @@ fn train_steps<M: Classifier>(
                     epoch_losses.push(loss);
                     continue;
                 }
+                LocalProcedure::PFedBayes(_) => {
+                    unreachable!("train_local runs pFedBayes' own loop")
+                }
             };
             epoch_losses.push(loss.detach());
             if let Some(sam) = &cfg.sharpness {
@@ -393,6 +408,7 @@ fn train_steps<M: Classifier>(
     Ok(LocalUpdate {
         client: task.client,
         table: ParamTable::from_module(&model),
+        state: None,
         num_samples: task.indices.len(),
         train_loss: loss_sum / steps as f64,
         steps,

@@ -359,6 +359,7 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                     objective: teacher.map(|t| t.teacher.clone() as Arc<dyn LocalObjective>),
                     bytes_down: self.tables[client].byte_size() * usize::from(sends_model)
                         + teacher.map_or(0, |t| t.bytes),
+                    state: None,
                 }
             })
             .collect();
