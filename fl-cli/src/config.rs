@@ -251,7 +251,8 @@ impl RunConfig {
         Self::from_table(&mut table).with_context(|| format!("invalid config {}", path.display()))
     }
 
-    fn from_table(table: &mut Table) -> anyhow::Result<Self> {
+    /// Reads a configuration table (as a config file's).
+    pub fn from_table(table: &mut Table) -> anyhow::Result<Self> {
         let name = take_algorithm(table)?.unwrap_or_else(|| "fedavg".into());
         let defaults = Algorithm::with_defaults(&name)?;
         let mut section = split_section(table, &defaults)?;
@@ -371,7 +372,7 @@ impl RunConfig {
 }
 
 /// Reads a TOML file into a table.
-fn read_table(path: &Path) -> anyhow::Result<Table> {
+pub fn read_table(path: &Path) -> anyhow::Result<Table> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read config {}", path.display()))?;
     text.parse::<Table>().map_err(|e| {

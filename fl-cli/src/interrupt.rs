@@ -46,6 +46,14 @@ pub fn set_resume_command(command: Option<String>) {
     }
 }
 
+/// The error a sweep returns when it stopped on a signal: main exits with [`EXIT_CODE`].
+#[derive(Debug, thiserror::Error)]
+#[error("stopped; every run is checkpointed, continue with: {resume}")]
+pub struct Stopped {
+    /// The command that continues.
+    pub resume: String,
+}
+
 /// The error a run returns when it stopped on a signal: main exits with [`EXIT_CODE`].
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted after round {round}; continue with: {resume}")]

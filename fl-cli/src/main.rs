@@ -13,6 +13,7 @@ mod plot;
 mod report;
 mod run;
 mod rundir;
+mod sweep;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -153,12 +154,100 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Sweeps: a whole paper table from one TOML file (base config, axes, explicit cells,
+    /// seeds), run locally N at a time or as a Slurm job array, restartable, and summarised.
+    Sweep {
+        #[command(subcommand)]
+        command: SweepCommand,
+    },
     /// List the models with their parameter counts and blocks for a dataset.
     Models {
         /// Dataset whose input shape and classes to use.
         #[arg(long, default_value = "fashion-mnist")]
         dataset: String,
     },
+}
+
+/// `fl sweep` subcommands.
+#[derive(Debug, Subcommand)]
+enum SweepCommand {
+    /// Print the expanded runs (numbered: `--cell I`), their status and the work they hold.
+    Plan {
+        /// The sweep file.
+        spec: PathBuf,
+    },
+    /// Run every unfinished run on this machine, --jobs at a time (finished ones are skipped,
+    /// started ones resumed exactly); or, with --cell I, run I alone (what Slurm tasks run).
+    Run {
+        /// The sweep file.
+        spec: PathBuf,
+        /// Runs at once (each gets cores / jobs threads).
+        #[arg(long, default_value_t = 1, conflicts_with = "cell")]
+        jobs: usize,
+        /// Run only entry I of `fl sweep plan`.
+        #[arg(long, value_name = "I")]
+        cell: Option<usize>,
+        /// Threads of the --cell run (default: the configuration's).
+        #[arg(long, requires = "cell")]
+        threads: Option<usize>,
+        /// Run failed runs again too.
+        #[arg(long, conflicts_with = "cell")]
+        retry_failed: bool,
+        /// No progress display.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Submit every unfinished run as one Slurm job array (`sbatch --array`), each task
+    /// running `fl sweep run SPEC --cell I`; submit again to run only what did not finish.
+    Slurm {
+        /// The sweep file.
+        spec: PathBuf,
+        #[command(flatten)]
+        args: sweep::slurm::SlurmArgs,
+    },
+    /// The sweep's results as a paper-style table: final accuracy (mean ± std over seeds) by
+    /// the `algorithm` axis × the other axes, then every cell's `fl compare` row.
+    Report {
+        /// The sweep file.
+        spec: PathBuf,
+        /// Target accuracy for the rounds-to-target column (0-1).
+        #[arg(long, default_value_t = 0.8)]
+        target: f64,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "markdown")]
+        format: report::TableFormat,
+    },
+}
+
+fn sweep_command(command: SweepCommand) -> anyhow::Result<()> {
+    match command {
+        SweepCommand::Plan { spec } => {
+            print!("{}", sweep::plan(&sweep::Sweep::load(&spec)?));
+            Ok(())
+        }
+        SweepCommand::Run {
+            spec,
+            jobs,
+            cell,
+            threads,
+            retry_failed,
+            quiet,
+        } => {
+            let sweep = sweep::Sweep::load(&spec)?;
+            match cell {
+                Some(i) => sweep::local::run_entry(&sweep, i, threads),
+                None => sweep::local::run_all(&sweep, jobs, retry_failed, quiet),
+            }
+        }
+        SweepCommand::Slurm { spec, args } => {
+            sweep::slurm::submit(&sweep::Sweep::load(&spec)?, &args)
+        }
+        SweepCommand::Report {
+            spec,
+            target,
+            format,
+        } => sweep::report(&sweep::Sweep::load(&spec)?, target, format).map(|t| print!("{t}")),
+    }
 }
 
 fn load_groups(dirs: &[PathBuf]) -> anyhow::Result<Vec<report::RunGroup>> {
@@ -257,6 +346,7 @@ fn main() -> ExitCode {
             .and_then(|g| report::compare_table(&g, target, format))
             .map(|table| print!("{table}")),
         Command::Models { dataset } => run::list_models(&dataset),
+        Command::Sweep { command } => sweep_command(command),
         Command::Download {
             dataset,
             dir,
@@ -314,7 +404,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.is::<interrupt::Interrupted>() => {
+        Err(e) if e.is::<interrupt::Interrupted>() || e.is::<interrupt::Stopped>() => {
             eprintln!("{e}");
             ExitCode::from(interrupt::EXIT_CODE)
         }

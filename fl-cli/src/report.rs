@@ -391,7 +391,12 @@ pub fn compare_table(
             pm(summaries.iter().map(|s| s.megabytes).collect(), 1.0),
         ]);
     }
-    Ok(match format {
+    Ok(render(&rows, format))
+}
+
+/// A table (header row first) as Markdown or CSV (`±` written `+-` in CSV).
+pub fn render(rows: &[Vec<String>], format: TableFormat) -> String {
+    match format {
         TableFormat::Csv => rows
             .iter()
             .map(|r| {
@@ -412,7 +417,7 @@ pub fn compare_table(
             }
             out
         }
-    })
+    }
 }
 
 #[cfg(test)]

@@ -24,15 +24,7 @@ use crate::rundir::{RunDir, write_run_files};
 /// it once, or once per seed of `--seeds` (each into its own `sSEED` folder, afresh).
 pub fn start(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<()> {
     let (cfg, resume) = resolve(command, args)?;
-    // Settings are checked before any data is read.
-    cfg.run.dataset_kind()?;
-    if !matches!(cfg.algorithm, Algorithm::Pfedclub(_)) {
-        cfg.run.model_kind()?;
-    }
-    cfg.algorithm.settings().check(&cfg.run)?;
-    if cfg.run.personal {
-        crate::personal::check(&cfg.run)?;
-    }
+    check(&cfg)?;
     if !resume {
         cfg.check_flags(args)?;
     }
@@ -48,6 +40,19 @@ pub fn start(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<()> 
         cfg.run.seed = seed;
         cfg.run.out = Some(base.join(format!("s{seed}")));
         run_one(&cfg, false, args.quiet)?;
+    }
+    Ok(())
+}
+
+/// Checks a configuration's settings before any data is read.
+pub fn check(cfg: &RunConfig) -> anyhow::Result<()> {
+    cfg.run.dataset_kind()?;
+    if !matches!(cfg.algorithm, Algorithm::Pfedclub(_)) {
+        cfg.run.model_kind()?;
+    }
+    cfg.algorithm.settings().check(&cfg.run)?;
+    if cfg.run.personal {
+        crate::personal::check(&cfg.run)?;
     }
     Ok(())
 }
@@ -93,7 +98,7 @@ fn resolve(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<(RunCo
 
 /// Builds the data, the model(s) and the strategy a configuration names, and runs them on
 /// the engine: global algorithms here, pFedClub through [`pfedclub::run_one`].
-fn run_one(cfg: &RunConfig, resume: bool, quiet: bool) -> anyhow::Result<()> {
+pub fn run_one(cfg: &RunConfig, resume: bool, quiet: bool) -> anyhow::Result<()> {
     let quiet = quiet || !std::io::stdout().is_terminal();
     let data = load_dataset(cfg.run.dataset_kind()?, cfg.run.data_dir.as_deref())?;
     if data.origin == "embedded" {

@@ -39,7 +39,7 @@ impl RunDir {
         let path = cfg.out_dir();
         std::fs::create_dir_all(&path)
             .with_context(|| format!("cannot create {}", path.display()))?;
-        let lock = lock(&path)?;
+        let lock = lock_dir(&path)?;
         if !resume && path.join(fl_core::engine::files::CHECKPOINT).exists() {
             bail!(
                 "{} already holds a run; continue it with --resume {} or choose another --out",
@@ -51,8 +51,9 @@ impl RunDir {
     }
 }
 
-/// Takes `dir`'s lock and writes this process's pid into it.
-fn lock(dir: &Path) -> anyhow::Result<File> {
+/// Takes `dir`'s lock (its `.lock` file, held until the file is dropped) and writes this
+/// process's pid into it; refuses a directory another process holds.
+pub fn lock_dir(dir: &Path) -> anyhow::Result<File> {
     let path = dir.join(LOCK_FILE);
     let mut file = File::options()
         .read(true)
