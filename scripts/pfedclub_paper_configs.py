@@ -65,7 +65,7 @@ BASELINES = {
     # copy's step size, so it is 0.001 here, not the SGD baselines' 0.01.
     "pfedbayes": (
         "pfedbayes",
-        ["zeta = 10.0", "personal_lr = 0.001", "inner_steps = 5", "noise = 1.0", "rho_init = -3.0", "beta = 1.0"],
+        ["zeta = 10.0", "personal_lr = 0.001", "inner_steps = 5", "noise = 0.001", "rho_init = -3.0", "beta = 1.0"],
     ),
 }
 

@@ -109,6 +109,25 @@ fn a_sweep_expands_deterministically_and_bad_files_are_one_line_errors() {
         &["sweep", "run", path.to_str().unwrap(), "--cell", "10"],
         "has 10 runs (0 to 9), not 10",
     );
+    // Bundles set several settings at once, named by their `name` (or their values).
+    let bundles = dir.path().join("bundles.toml");
+    std::fs::write(
+        &bundles,
+        "[axes]\nmethod = [{ name = \"fs50\", algorithm = \"fedmr\", \"fedmr.first_stage\" = 50 }, \
+         { algorithm = \"fedavg\", lr = 0.05 }]\n",
+    )
+    .unwrap();
+    let o = sweep(&["plan"], &bundles);
+    let plan = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(plan.contains("method-fs50/s1  fedmr"), "{plan}");
+    assert!(plan.contains("method-fedavg-0.05/s1  fedavg"), "{plan}");
+    // Every shipped sweep file expands.
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sweeps");
+    for f in std::fs::read_dir(shipped).unwrap() {
+        let f = f.unwrap().path();
+        let o = fl(&["sweep", "plan", f.to_str().unwrap()]);
+        assert!(o.status.success(), "{}: {}", f.display(), stderr(&o));
+    }
 }
 
 #[test]

@@ -4,7 +4,10 @@
 //!
 //! A sweep file holds a base configuration (any `fl run` config: `base_file` and/or `[base]`),
 //! `[axes]` (each key a list of values: run settings such as `algorithm`, `alpha`, `model`, or
-//! an algorithm's setting as `"fedmr.two_stage"`), optional explicit `[[cells]]`, and `seeds`.
+//! an algorithm's setting as `"fedmr.first_stage"`; or bundles, inline tables that set several
+//! at once, e.g. `partition = [{ partition = "iid" }, { partition = "dirichlet", alpha = 0.1 }]`
+//! or `method = [{ name = "fedmr-fs50", algorithm = "fedmr", "fedmr.first_stage" = 50 }]`),
+//! optional explicit `[[cells]]`, and `seeds`.
 //! Every combination of the axes is a cell, then each explicit cell; each cell runs once per
 //! seed into `OUT/<cell>/s<seed>`. Entries are numbered cell-major (`fl sweep plan` lists them);
 //! `fl sweep run SPEC --cell I` runs entry I, the code path of both the local runner and every
@@ -126,10 +129,31 @@ pub struct Sweep {
 }
 
 /// A value as it appears in a cell name: strings bare, others as TOML writes them.
+/// A bundle (a table value: several settings at once) by its `name`, or its values joined.
 fn show(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
+        Value::Table(t) => match t.get("name") {
+            Some(name) => show(name),
+            None => t.values().map(show).collect::<Vec<_>>().join("-"),
+        },
         other => other.to_string(),
+    }
+}
+
+/// Applies one axis value (or explicit cell setting): a plain value sets `key`; a bundle sets
+/// each of its keys (`key` is then only the axis' label).
+fn apply(table: &mut Table, key: &str, value: Value) -> anyhow::Result<()> {
+    match value {
+        Value::Table(bundle) => {
+            for (k, v) in bundle {
+                if k != "name" {
+                    set(table, &k, v)?;
+                }
+            }
+            Ok(())
+        }
+        v => set(table, key, v),
     }
 }
 
@@ -193,12 +217,15 @@ impl Sweep {
             Some(f) => read_table(&spec.parent().unwrap_or(Path::new(".")).join(f))?,
             None => Table::new(),
         };
-        merge(&mut base, file.base);
+        // A base file's seed and output are the sweep's to set.
+        base.remove("seed");
+        base.remove("out");
         for key in ["seed", "out"] {
-            if base.contains_key(key) || file.axes.contains_key(key) {
+            if file.base.contains_key(key) || file.axes.contains_key(key) {
                 bail!("`{key}` is the sweep's to set (use `seeds = [...]` and `out`)");
             }
         }
+        merge(&mut base, file.base);
         if file.seeds.is_empty() {
             bail!("`seeds` must list at least one seed");
         }
@@ -264,7 +291,7 @@ impl Sweep {
             }
             let mut table = base.clone();
             for (key, value) in setting {
-                set(&mut table, &key, value)?;
+                apply(&mut table, &key, value)?;
             }
             // Sections of other algorithms (a base shared by several) do not apply.
             let algorithm = match table.get("algorithm") {
