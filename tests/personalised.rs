@@ -22,6 +22,10 @@ fn run(
     tests: Option<&[Vec<usize>]>,
     threads: usize,
 ) -> Vec<RoundMetrics> {
+    // The device's generator is shared by the tests running in parallel (and parameters are
+    // drawn lazily): one run at a time, so every run starts from the same weights.
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let device = Device::flex().autodiff();
     device.seed(3);
     let model: Cnn = CnnConfig {

@@ -93,13 +93,18 @@ pub fn run_all(sweep: &Sweep, jobs: usize, retry_failed: bool, quiet: bool) -> a
     std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
     let statuses: Vec<Status> = sweep.entries.iter().map(Entry::status).collect();
     let skipped_failed = statuses.iter().filter(|s| **s == Status::Failed).count();
-    let mut todo: std::collections::VecDeque<usize> = (0..sweep.entries.len())
+    let mut todo: Vec<usize> = (0..sweep.entries.len())
         .filter(|&i| match statuses[i] {
             Status::Done => false,
             Status::Failed => retry_failed,
             _ => true,
         })
         .collect();
+    // Seed by seed (every cell's first seed, then the second, ...): a sweep stopped half-way
+    // already has a whole table.
+    let seeds: Vec<u64> = sweep.entries.iter().map(|e| e.seed).collect();
+    todo.sort_by_key(|&i| (seeds.iter().position(|&s| s == sweep.entries[i].seed), i));
+    let mut todo: std::collections::VecDeque<usize> = todo.into();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = (cores / jobs).max(1);
     let rounds_left = |i: usize| {
