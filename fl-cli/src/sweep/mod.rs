@@ -388,7 +388,7 @@ pub fn plan(sweep: &Sweep) -> String {
     out
 }
 
-/// `fl sweep report`: the cells as one paper-style table (rows: the `algorithm` axis, or the
+/// `fl sweep report`: the finished runs' cells as one paper-style table (rows: the `algorithm` axis, or the
 /// first; columns: the other axes' combinations; final accuracy mean ± std over seeds), then
 /// `fl compare`'s full table of every cell.
 pub fn report(
@@ -396,16 +396,28 @@ pub fn report(
     target: f64,
     format: crate::report::TableFormat,
 ) -> anyhow::Result<String> {
-    let groups: Vec<crate::report::RunGroup> = sweep
-        .cells
-        .iter()
-        .filter_map(|c| crate::report::load_group(&sweep.out.join(c)).ok())
-        .collect();
+    // Only finished runs: a mean over seeds at different rounds would mislead.
+    let mut groups = Vec::new();
+    let mut unfinished = 0;
+    for cell in &sweep.cells {
+        let mut runs = Vec::new();
+        for e in sweep.entries.iter().filter(|e| &e.cell == cell) {
+            if e.status() == Status::Done {
+                runs.push(read_metrics(&e.dir().join(files::METRICS), usize::MAX)?);
+            } else {
+                unfinished += 1;
+            }
+        }
+        if !runs.is_empty() {
+            groups.push(crate::report::RunGroup {
+                label: cell.clone(),
+                runs,
+                architectures: None,
+            });
+        }
+    }
     if groups.is_empty() {
-        bail!(
-            "no run of {} has finished a round yet",
-            sweep.spec.display()
-        );
+        bail!("no run of {} has finished yet", sweep.spec.display());
     }
     let mut text = String::new();
     if let Some(pivot) = pivot(sweep, &groups, format) {
@@ -413,6 +425,12 @@ pub fn report(
         text += "\n";
     }
     text += &crate::report::compare_table(&groups, target, format)?;
+    if unfinished > 0 && format == crate::report::TableFormat::Markdown {
+        text += &format!(
+            "\n{unfinished} of {} runs have not finished and are not in the tables.\n",
+            sweep.entries.len()
+        );
+    }
     Ok(text)
 }
 
