@@ -16,7 +16,7 @@ use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Tensor};
 use rand::seq::SliceRandom;
 
-use super::{LocalTask, LocalUpdate, TrainConfig, TrainError, make_batch, model_device};
+use super::{LocalTask, LocalUpdate, TrainConfig, TrainError, epoch_sum, make_batch, model_device};
 use crate::bayes::{Posterior, sigma_of, standard_normal};
 use crate::layers::{ParamKind, ParamTable};
 use crate::model::Classifier;
@@ -256,15 +256,7 @@ pub(super) fn train<M: Classifier>(
             let grads = global_grads(&q.moments(), &global, kl_weight);
             v = v.step(&mut adam_v, cfg.lr, grads);
         }
-        let n = epoch_losses.len();
-        let sum: f64 = Tensor::cat(epoch_losses, 0).sum().into_scalar::<f32>() as f64;
-        if !sum.is_finite() {
-            return Err(TrainError::NonFiniteLoss {
-                client: task.client,
-                epoch,
-                loss: sum / n as f64,
-            });
-        }
+        let (sum, n) = epoch_sum(epoch_losses, task.client, epoch)?;
         loss_sum += sum;
         steps += n;
     }

@@ -393,15 +393,7 @@ fn train_steps<M: Classifier>(
             }
             model = optim.step(cfg.lr, model, grads);
         }
-        let n = epoch_losses.len();
-        let sum: f64 = Tensor::cat(epoch_losses, 0).sum().into_scalar::<f32>() as f64;
-        if !sum.is_finite() {
-            return Err(TrainError::NonFiniteLoss {
-                client: task.client,
-                epoch,
-                loss: sum / n as f64,
-            });
-        }
+        let (sum, n) = epoch_sum(epoch_losses, task.client, epoch)?;
         loss_sum += sum;
         steps += n;
     }
@@ -413,6 +405,25 @@ fn train_steps<M: Classifier>(
         train_loss: loss_sum / steps as f64,
         steps,
     })
+}
+
+/// The sum and count of an epoch's step losses, read from the device at once (one host sync
+/// per epoch); a non-finite sum is [`TrainError::NonFiniteLoss`].
+fn epoch_sum(
+    losses: Vec<Tensor<1>>,
+    client: usize,
+    epoch: usize,
+) -> Result<(f64, usize), TrainError> {
+    let n = losses.len();
+    let sum = Tensor::cat(losses, 0).sum().into_scalar::<f32>() as f64;
+    if !sum.is_finite() {
+        return Err(TrainError::NonFiniteLoss {
+            client,
+            epoch,
+            loss: sum / n as f64,
+        });
+    }
+    Ok((sum, n))
 }
 
 /// `steps` plain SGD steps (no momentum) at `lr` on mini-batches of the client's shuffled
