@@ -274,6 +274,28 @@ fn damaged_run_files_are_caught_on_resume() {
         &["fedavg", "--resume", &out_s, "--rounds", "4", "--quiet"],
         "the checkpoint was lost",
     );
+
+    // A run stopped between round 1's metrics line and its first checkpoint starts over,
+    // and ends as an uninterrupted run.
+    let (once, fresh) = (dir.path().join("once"), dir.path().join("fresh"));
+    run_ok(&small_run(&once, "2", "1"));
+    run_ok(&small_run(&fresh, "2", "2"));
+    std::fs::remove_file(once.join("checkpoint.safetensors")).unwrap();
+    let o = fl(&[
+        "fedavg",
+        "--resume",
+        once.to_str().unwrap(),
+        "--rounds",
+        "2",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("round 1 was never checkpointed"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(metrics(&once), metrics(&fresh));
 }
 
 #[test]

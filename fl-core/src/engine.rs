@@ -420,16 +420,23 @@ impl<M: Classifier> Simulation<'_, M> {
                 history = read_metrics(&metrics, restored.round)?;
                 tracing::info!(round = restored.round, "resumed from checkpoint");
             } else if resume {
-                // Without a checkpoint only a run that never finished a round may start over.
-                if let Some(last) = read_metrics(&metrics, usize::MAX)?.last() {
-                    return Err(EngineError::Resume(format!(
-                        "{} has no {} but its metrics reach round {}: the checkpoint was lost, so the run cannot continue exactly; start afresh in another directory",
-                        dir.display(),
-                        files::CHECKPOINT,
-                        last.round
-                    )));
+                // Without a checkpoint only a run that never checkpointed a round starts over:
+                // its metrics reach at most round 1 (stopped between round 1's metrics line and
+                // its checkpoint, which follows it).
+                match read_metrics(&metrics, usize::MAX)?.last() {
+                    Some(last) if last.round > 1 => {
+                        return Err(EngineError::Resume(format!(
+                            "{} has no {} but its metrics reach round {}: the checkpoint was lost, so the run cannot continue exactly; start afresh in another directory",
+                            dir.display(),
+                            files::CHECKPOINT,
+                            last.round
+                        )));
+                    }
+                    Some(_) => tracing::warn!(
+                        "round 1 was never checkpointed (the run stopped while saving it): starting from round 1"
+                    ),
+                    None => tracing::warn!("no round had finished: starting from round 1"),
                 }
-                tracing::warn!("no round had finished: starting from round 1");
             }
             rewrite_metrics(&metrics, &history)?;
         }

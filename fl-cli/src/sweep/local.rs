@@ -113,6 +113,8 @@ pub fn run_all(sweep: &Sweep, jobs: usize, retry_failed: bool, quiet: bool) -> a
     };
     let total: usize = todo.iter().map(|&i| rounds_left(i)).sum();
     let start_rounds: Vec<usize> = sweep.entries.iter().map(|e| last_round(&e.dir())).collect();
+    let mut rounds_now = start_rounds.clone();
+    let mut ended: Vec<usize> = Vec::new();
     let already = sweep.entries.len() - todo.len() - if retry_failed { 0 } else { skipped_failed };
     let bar = if quiet || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
@@ -173,6 +175,7 @@ pub fn run_all(sweep: &Sweep, jobs: usize, retry_failed: bool, quiet: bool) -> a
                 continue;
             };
             let r = running.swap_remove(k);
+            ended.push(r.index);
             let e = &sweep.entries[r.index];
             let name = format!("{}/s{}", e.cell, e.seed);
             match status.code() {
@@ -189,13 +192,18 @@ pub fn run_all(sweep: &Sweep, jobs: usize, retry_failed: bool, quiet: bool) -> a
                 }
             }
         }
+        // Only running entries (and those just ended) move: read just their metrics.
+        for &i in running.iter().map(|r| &r.index).chain(&ended) {
+            rounds_now[i] = last_round(&sweep.entries[i].dir());
+        }
+        ended.clear();
         let progressed: usize = sweep
             .entries
             .iter()
             .enumerate()
             .map(|(i, e)| {
-                last_round(&e.dir()).min(e.config.run.rounds)
-                    - start_rounds[i].min(e.config.run.rounds)
+                let r = e.config.run.rounds;
+                rounds_now[i].min(r) - start_rounds[i].min(r)
             })
             .sum();
         bar.set_position(progressed as u64);

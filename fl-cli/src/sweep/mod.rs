@@ -359,16 +359,11 @@ pub fn plan(sweep: &Sweep) -> String {
         // Client-epochs: the unit of local training work.
         let per_round = r.sample * r.local_epochs;
         work += r.rounds * per_round;
-        let status = match e.status() {
-            Status::New => "new".to_string(),
-            Status::Partial(done) => format!("{done}/{} rounds", r.rounds),
-            Status::Failed => "failed".into(),
-            Status::Done => "done".into(),
-        };
-        let done = match e.status() {
-            Status::Done => r.rounds,
-            Status::Partial(d) => d,
-            _ => 0,
+        let (status, done) = match e.status() {
+            Status::New => ("new".to_string(), 0),
+            Status::Partial(done) => (format!("{done}/{} rounds", r.rounds), done),
+            Status::Failed => ("failed".into(), 0),
+            Status::Done => ("done".into(), r.rounds),
         };
         left += (r.rounds - done.min(r.rounds)) * per_round;
         out += &format!(
