@@ -462,3 +462,50 @@ fn flexifed_shares_the_layers_its_rule_names() {
     assert_eq!(conv1(&clustered, 0), conv1(&clustered, 1));
     assert_ne!(conv1(&clustered, 0), conv1(&clustered, 2));
 }
+
+#[test]
+fn fedmd_collaborates_through_scores_only_and_resumes_exactly() {
+    let dir = tmp();
+    let line = "pfedclub --variant fedmd --zoo III --clients 6 --sample 3 --local-epochs 1 \
+        --max-samples 1500 --alignment 64 --transfer-epochs 1 --quiet";
+    let (full, resumed) = (dir.path().join("full"), dir.path().join("resumed"));
+    for (out, rounds) in [(&full, "3"), (&resumed, "2")] {
+        let o = fl_line(line, &["--out", out.to_str().unwrap(), "--rounds", rounds]);
+        assert!(o.status.success(), "{line}: {}", stderr(&o));
+    }
+    let r = resumed.display().to_string();
+    let o = fl(&["pfedclub", "--resume", &r, "--rounds", "3", "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = metrics(&full);
+    assert_eq!(m, metrics(&resumed));
+    assert_eq!(weights(&full), weights(&resumed));
+    // Round 1: every client is new and only learns from the public set; no bytes travel.
+    assert_eq!(
+        (m[0]["bytes_up"].as_u64(), m[0]["bytes_down"].as_u64()),
+        (Some(0), Some(0))
+    );
+    // Later rounds: 64 scores of 10 classes up per communicating client, never a model.
+    let scores = 4 * 64 * 10;
+    assert!(m[1..].iter().any(|l| l["bytes_up"].as_u64().unwrap() > 0));
+    for l in &m {
+        assert_eq!(l["bytes_up"].as_u64().unwrap() % scores, 0, "{l}");
+        assert_eq!(
+            l["bytes_down"].as_u64().unwrap() % (scores + 4 * 64),
+            0,
+            "{l}"
+        );
+        assert!(l["client_acc"].as_array().is_some_and(|a| a.len() == 6));
+    }
+    for (bad, expected) in [
+        ("--public unlabeled", "needs labeled public data"),
+        ("--alignment 0", "at least 1 alignment sample"),
+        ("--public-fraction 0", "FedMD needs public samples"),
+    ] {
+        fails(
+            &words(&format!(
+                "pfedclub --variant fedmd {bad} --rounds 1 --quiet"
+            )),
+            expected,
+        );
+    }
+}

@@ -466,10 +466,12 @@ impl<M: Classifier> Simulation<'_, M> {
                 train: &cfg.train,
                 rng: &mut rng,
             };
-            let plan = strategy.configure_round(&mut ctx)?;
+            // In the pool: a plan may compute (FedMD's scores) on the run's threads.
+            let plan = pool.install(|| strategy.configure_round(&mut ctx))?;
             let clients = check_selection(strategy.name(), plan.client_ids(), num_clients)?;
             plan.train.validate().map_err(EngineError::Config)?;
             let bytes_down = plan.clients.iter().map(|c| c.bytes_down).sum();
+            let uploads: Vec<Option<usize>> = plan.clients.iter().map(|c| c.bytes_up).collect();
 
             let timer = Instant::now();
             let objectives: Vec<_> = plan.clients.iter().map(|c| c.objective.clone()).collect();
@@ -499,7 +501,11 @@ impl<M: Classifier> Simulation<'_, M> {
                     .collect::<Result<Vec<_>, _>>()
             })?;
             let train_seconds = timer.elapsed().as_secs_f64();
-            let bytes_up = updates.iter().map(|u| u.table.byte_size()).sum();
+            let bytes_up = updates
+                .iter()
+                .zip(&uploads)
+                .map(|(u, bytes)| bytes.unwrap_or_else(|| u.table.byte_size()))
+                .sum();
             let samples: usize = updates.iter().map(|u| u.num_samples).sum();
             let train_loss = updates
                 .iter()

@@ -31,6 +31,9 @@ pub enum Purpose {
     FineTune = 8,
     /// The weight noise ε of a Bayesian client's sampled models (pFedBayes).
     Posterior = 9,
+    /// A client's batches on the server's public samples (FedMD's digest) and the server's
+    /// draw of those samples.
+    Public = 10,
 }
 
 /// SplitMix64 finaliser: a cheap, well-mixed 64-bit hash step.

@@ -3,6 +3,7 @@
 
 use anyhow::bail;
 use clap::{Args, ValueEnum};
+use fl_core::strategy::fedmd::FedMdConfig;
 use fl_core::strategy::flexifed::CommonRule;
 use fl_core::strategy::pfedclub::cmsr::{Anchor, SearchRules};
 use fl_core::strategy::pfedclub::stitch::StitchTraining;
@@ -37,6 +38,9 @@ pub enum Variant {
     FlexifedClustered,
     /// FlexiFed Max-Common: each layer averaged over every client sharing the prefix up to it.
     FlexifedMax,
+    /// FedMD: transfer learning on the labeled public set, then consensus distillation of the
+    /// clients' scores on it every round.
+    Fedmd,
 }
 
 impl Variant {
@@ -50,6 +54,7 @@ impl Variant {
             Self::FlexifedBasic => "flexifed-basic",
             Self::FlexifedClustered => "flexifed-clustered",
             Self::FlexifedMax => "flexifed-max",
+            Self::Fedmd => "fedmd",
         }
     }
 }
@@ -111,6 +116,25 @@ pub struct PfedclubSettings {
     /// Epochs of stitching-layer fine-tuning (paper §4.1: 3).
     #[arg(long, default_value_t = 3)]
     pub stitch_epochs: usize,
+    /// FedMD: public samples drawn per round for the consensus (the authors' 5000).
+    #[arg(long, default_value_t = 5000)]
+    pub alignment: usize,
+    /// FedMD: epochs of the digest (training the scores towards the consensus).
+    #[arg(long, default_value_t = 1)]
+    pub digest_epochs: usize,
+    /// FedMD: batch size of the digest.
+    #[arg(long, default_value_t = 256)]
+    pub digest_batch: usize,
+    /// FedMD: epochs of transfer learning on the labeled public set in a client's first
+    /// round (0: none).
+    #[arg(long, default_value_t = 5)]
+    pub transfer_epochs: usize,
+    /// FedMD: batch size of transfer learning.
+    #[arg(long, default_value_t = 128)]
+    pub transfer_batch: usize,
+    /// FedMD: Adam's learning rate on the public set.
+    #[arg(long, default_value_t = 1e-3)]
+    pub fedmd_lr: f64,
 }
 
 defaults_from_flags!(PfedclubSettings);
@@ -130,6 +154,7 @@ impl PfedclubSettings {
                 SearchRules::PFEDCLUB,
             ),
             Variant::FlexifedMax => (Method::Flexifed(CommonRule::Max), SearchRules::PFEDCLUB),
+            Variant::Fedmd => (Method::FedMd, SearchRules::PFEDCLUB),
         };
         rules.anchor = self.anchor;
         rules.ordered &= !self.no_order;
@@ -147,6 +172,14 @@ impl PfedclubSettings {
                 epochs: self.stitch_epochs,
                 labeled: self.public == Public::Labeled,
                 ..defaults.stitch
+            },
+            fedmd: FedMdConfig {
+                alignment: self.alignment,
+                digest_epochs: self.digest_epochs,
+                digest_batch: self.digest_batch,
+                transfer_epochs: self.transfer_epochs,
+                transfer_batch: self.transfer_batch,
+                lr: self.fedmd_lr,
             },
         }
     }

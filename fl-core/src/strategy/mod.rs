@@ -5,7 +5,8 @@
 //! One algorithm, one file: [`fedavg`], [`fedmr`], [`fedcross`], and the baselines [`fedprox`],
 //! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`], [`fedasam`], [`moon`], [`clusamp`],
 //! [`fedgen`]; the personalised baselines [`perfedavg`], [`pfedme`], [`pfedbayes`]; and
-//! [`pfedclub`], personalised FL over heterogeneous models. Methods that are
+//! [`pfedclub`], personalised FL over heterogeneous models, with its heterogeneous baselines
+//! [`flexifed`] and [`fedmd`]. Methods that are
 //! FedAvg plus a client-side rule compose it with [`fedavg_with::FedAvgWith`]; the K-model
 //! methods (FedMR, FedCross, FedMut) share [`ModelSlots`].
 
@@ -17,6 +18,7 @@ pub mod fedavgm;
 pub mod fedcross;
 pub mod fedexp;
 pub mod fedgen;
+pub mod fedmd;
 pub mod fedmr;
 pub mod fedmut;
 pub mod fedprox;
@@ -139,6 +141,9 @@ pub struct ClientInstruction {
     pub objective: Option<Arc<dyn LocalObjective>>,
     /// Bytes the server sends it (by default the start model's size).
     pub bytes_down: usize,
+    /// Bytes the client sends back, when that is not its trained model (FedMD uploads class
+    /// scores on the public samples); `None`: the trained model's size.
+    pub bytes_up: Option<usize>,
     /// What the client kept from its last round, which the strategy holds on its behalf
     /// (pFedBayes' personalised posterior); it never travels, so it is not in `bytes_down`.
     pub state: Option<ParamTable>,
@@ -166,6 +171,7 @@ impl RoundPlan {
                 bytes_down: start.byte_size(),
                 start,
                 objective: None,
+                bytes_up: None,
                 state: None,
             })
             .collect();

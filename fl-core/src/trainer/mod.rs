@@ -15,10 +15,12 @@ use crate::rng::{Purpose, derive_seed, rng_for, with_forward_stream};
 mod bayes;
 mod meta;
 mod pfedme;
+mod public;
 mod sam;
 pub use bayes::BayesStep;
 pub use meta::{LocalProcedure, MetaStep, combine, hessian_vector_product};
 pub use pfedme::MoreauStep;
+pub use public::{PublicPhase, PublicTarget};
 pub use sam::SharpnessAware;
 
 /// Hyper-parameters of local training.
@@ -163,6 +165,12 @@ pub trait LocalObjective: Send + Sync {
         false
     }
 
+    /// Training on the server's public samples before the client's own (FedMD's transfer
+    /// learning and digest); `None` (the default): none.
+    fn public_phase(&self) -> Option<&PublicPhase> {
+        None
+    }
+
     /// Models (in the client's architecture) whose representations of every batch
     /// [`batch_loss`](Self::batch_loss) compares against, e.g. MOON's global and previous local
     /// model. The trainer loads each once per client, in inference mode.
@@ -205,6 +213,9 @@ pub enum TrainError {
     /// A client without samples was asked to train.
     #[error("client {0} has no training samples")]
     NoSamples(usize),
+    /// A phase on public samples does not fit the data.
+    #[error("public-data phase: {0}")]
+    Public(String),
     /// The local objective needs a representation the model does not expose.
     #[error(
         "this method needs the model's representation and head (Classifier::features and Classifier::head), which the model does not expose"
@@ -292,6 +303,10 @@ fn train_steps<M: Classifier>(
     cfg: &TrainConfig,
 ) -> Result<LocalUpdate, TrainError> {
     let mut model = task.start.load_into(task.template)?;
+    if let Some(phase) = task.objective.and_then(|o| o.public_phase()) {
+        let at = (task.seed, task.round, task.client);
+        model = public::train(model, phase, task.data, task.norm, at)?.0;
+    }
     let device = model_device(&model);
     let decay = (cfg.weight_decay > 0.0).then(|| WeightDecayConfig::new(cfg.weight_decay as f32));
     let mut optim = match cfg.optimizer {

@@ -44,6 +44,7 @@ use super::{
 use crate::layers::{BlockSpec, ParamKind, ParamTable};
 use crate::model::BlockForward;
 use crate::rng::{Purpose, derive_seed, rng_for};
+use crate::strategy::fedmd::{self, FedMdConfig};
 use crate::trainer::{LocalObjective, LocalUpdate, make_batch};
 use cmsr::{BlockGroups, BlockRef, SearchRules};
 use grouping::{BlockGrams, centred_gram, kmeans, similarity_matrix};
@@ -62,6 +63,9 @@ pub enum Method {
     /// FlexiFed's layer sharing among architectures of one family
     /// ([`flexifed`](crate::strategy::flexifed)).
     Flexifed(crate::strategy::flexifed::CommonRule),
+    /// FedMD's consensus distillation on the public data ([`fedmd`](crate::strategy::fedmd),
+    /// settings in [`ClubConfig::fedmd`]).
+    FedMd,
 }
 
 /// pFedClub's server settings.
@@ -85,6 +89,9 @@ pub struct ClubConfig {
     pub public_samples: Option<usize>,
     /// Fine-tuning of the stitching layers.
     pub stitch: StitchTraining,
+    /// FedMD's settings (for [`Method::FedMd`]).
+    #[serde(default)]
+    pub fedmd: FedMdConfig,
 }
 
 impl Default for ClubConfig {
@@ -105,6 +112,7 @@ impl Default for ClubConfig {
                 labeled: true,
                 temperature: 0.07,
             },
+            fedmd: FedMdConfig::default(),
         }
     }
 }
@@ -140,6 +148,12 @@ impl ClubConfig {
         }
         if !(s.lr.is_finite() && s.lr > 0.0 && s.temperature.is_finite() && s.temperature > 0.0) {
             return Err("stitch learning rate and temperature must be positive".into());
+        }
+        if self.method == Method::FedMd {
+            self.fedmd.validate()?;
+            if !s.labeled && self.fedmd.transfer_epochs > 0 {
+                return Err("FedMD's transfer learning needs labeled public data (use labeled public data, or no transfer epochs)".into());
+            }
         }
         Ok(())
     }
@@ -195,6 +209,8 @@ pub struct PFedClub<'a, M: BlockForward> {
     rounds_trained: Vec<usize>,
     /// Each client's (accuracy, loss) on its test portion, `None` once its model changed.
     accuracy: Vec<Option<(f64, f64)>>,
+    /// Seconds the round's plan spent on FedMD's scores (reported with the round's metrics).
+    plan_seconds: Option<f64>,
 }
 
 /// A client's teacher and its size bookkeeping.
@@ -255,6 +271,11 @@ impl<'a, M: BlockForward> PFedClub<'a, M> {
         batch_size: usize,
     ) -> Result<Self, StrategyError> {
         club.validate().map_err(StrategyError::Config)?;
+        if club.method == Method::FedMd && public.samples.is_empty() {
+            return Err(StrategyError::Config(
+                "FedMD needs public samples; use a public fraction > 0".into(),
+            ));
+        }
         if club.method == Method::Reassembly && public.samples.len() < 2 {
             return Err(StrategyError::Config(
                 "block reassembly needs at least 2 public samples; use a public fraction > 0"
@@ -280,6 +301,7 @@ impl<'a, M: BlockForward> PFedClub<'a, M> {
             phis: Vec::new(),
             rounds_trained: Vec::new(),
             accuracy: Vec::new(),
+            plan_seconds: None,
         })
     }
 
@@ -344,23 +366,43 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
         if self.tables.is_empty() {
             return Err(StrategyError::NotInitialised);
         }
-        let clients = ctx
-            .sample_uniform()
+        let sampled = ctx.sample_uniform();
+        let fedmd = match self.club.method {
+            Method::FedMd => {
+                let model = |c: usize| Ok(self.tables[c].load_into((self.build)(c))?.valid());
+                let trained = |c: usize| self.rounds_trained[c] > 0;
+                let at = (self.seed, ctx.round);
+                let (cfg, batch) = (&self.club.fedmd, self.batch_size);
+                let plan = fedmd::plan(cfg, at, &sampled, &trained, &model, &self.public, batch)?;
+                self.plan_seconds = Some(plan.seconds);
+                Some(plan)
+            }
+            _ => None,
+        };
+        let clients = sampled
             .into_iter()
-            .map(|client| {
+            .enumerate()
+            .map(|(i, client)| {
                 let teacher = self.teachers[client].as_ref();
                 let sends_model = matches!(
                     self.club.method,
                     Method::FedavgPerArchitecture | Method::Flexifed(_)
                 );
-                ClientInstruction {
+                let mut instruction = ClientInstruction {
                     client,
                     start: self.tables[client].clone(),
                     objective: teacher.map(|t| t.teacher.clone() as Arc<dyn LocalObjective>),
                     bytes_down: self.tables[client].byte_size() * usize::from(sends_model)
                         + teacher.map_or(0, |t| t.bytes),
+                    bytes_up: None,
                     state: None,
+                };
+                if let Some(plan) = &fedmd {
+                    instruction.objective = plan.objectives[i].clone();
+                    instruction.bytes_down = plan.bytes_down[i];
+                    instruction.bytes_up = Some(plan.bytes_up[i]);
                 }
+                instruction
             })
             .collect();
         Ok(RoundPlan {
@@ -380,6 +422,10 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
         let mut extra = Metrics::new();
         match self.club.method {
             Method::Local => {}
+            Method::FedMd => {
+                let seconds = self.plan_seconds.take().unwrap_or(0.0);
+                extra.insert("scores_seconds".into(), seconds.into());
+            }
             Method::FedavgPerArchitecture => {
                 changed = self.average_per_architecture(&clients, &updates)?;
             }
