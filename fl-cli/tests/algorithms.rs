@@ -509,3 +509,47 @@ fn fedmd_collaborates_through_scores_only_and_resumes_exactly() {
         );
     }
 }
+
+#[test]
+fn fedgh_shares_a_header_trained_on_prototypes_and_resumes_exactly() {
+    let dir = tmp();
+    let line = "pfedclub --variant fedgh --zoo III --clients 6 --sample 3 --local-epochs 1 \
+        --max-samples 1500 --representation 64 --quiet";
+    let (full, resumed) = (dir.path().join("full"), dir.path().join("resumed"));
+    for (out, rounds) in [(&full, "3"), (&resumed, "2")] {
+        let o = fl_line(line, &["--out", out.to_str().unwrap(), "--rounds", rounds]);
+        assert!(o.status.success(), "{line}: {}", stderr(&o));
+    }
+    let r = resumed.display().to_string();
+    let o = fl(&["pfedclub", "--resume", &r, "--rounds", "3", "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = metrics(&full);
+    assert_eq!(m, metrics(&resumed));
+    assert_eq!(weights(&full), weights(&resumed));
+    // Down: the header (64 × 10 + 10 floats) per client; up: a 64-float prototype and its
+    // label per class a client holds (2 classes per client, pathological).
+    for l in &m {
+        assert_eq!(
+            l["bytes_down"].as_u64().unwrap(),
+            3 * 4 * (64 * 10 + 10),
+            "{l}"
+        );
+        let up = l["bytes_up"].as_u64().unwrap();
+        assert!(
+            up % (4 * 64 + 4) == 0 && up > 0 && up <= 3 * 2 * (4 * 64 + 4),
+            "{l}"
+        );
+    }
+    for (bad, expected) in [
+        ("--zoo I", "has no hidden FC layer"),
+        ("--header-lr 0", "server learning rate must be positive"),
+        ("--representation 0", "--representation must be at least 1"),
+    ] {
+        fails(
+            &words(&format!(
+                "pfedclub --variant fedgh {bad} --rounds 1 --quiet"
+            )),
+            expected,
+        );
+    }
+}

@@ -504,7 +504,10 @@ impl<M: Classifier> Simulation<'_, M> {
             let bytes_up = updates
                 .iter()
                 .zip(&uploads)
-                .map(|(u, bytes)| bytes.unwrap_or_else(|| u.table.byte_size()))
+                .map(|(u, bytes)| {
+                    bytes.unwrap_or_else(|| u.table.byte_size())
+                        + u.prototypes.as_ref().map_or(0, |p| p.byte_size())
+                })
                 .sum();
             let samples: usize = updates.iter().map(|u| u.num_samples).sum();
             let train_loss = updates

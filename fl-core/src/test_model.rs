@@ -115,6 +115,7 @@ pub fn upload(seed: u64, num_samples: usize) -> crate::trainer::LocalUpdate {
         client: seed as usize,
         table: ParamTable::from_module(&tiny(seed)),
         state: None,
+        prototypes: None,
         num_samples,
         train_loss: 0.0,
         steps: 10,

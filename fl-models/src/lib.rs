@@ -62,7 +62,7 @@ pub use common::Dropout;
 pub use mobilenet::{Activation, ConvBnAct, MobileNet, MobileNetConfig, MobileUnit, SqueezeExcite};
 pub use resnet::{BasicBlock, PreActBottleneck, ResNet20, ResNet20Ref, ResNetConfig};
 pub use vgg::{ConvBnUnit, Vgg16, Vgg16Config};
-pub use zoo::{ModelZoo, NotInZoo, ZooModel};
+pub use zoo::{FixedRepresentation, ModelZoo, NotInZoo, ZooModel};
 
 use std::str::FromStr;
 

@@ -29,6 +29,14 @@ pub enum ZooModel {
 #[error("'{0}' is not a model-zoo architecture (cnn1-cnn4, mobilenet-v1/v2/v3)")]
 pub struct NotInZoo(pub ModelKind);
 
+/// A zoo model whose representation width cannot be set (only CNN1–CNN4 have a hidden FC
+/// layer before the head; MobileNetV1/V2 end in their pooled channels).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "'{0}' has no hidden FC layer before its head whose width could be set (only cnn1-cnn4 do)"
+)]
+pub struct FixedRepresentation(pub ModelKind);
+
 impl ZooModel {
     /// Builds a zoo model of architecture `kind` (weights from the device's RNG).
     pub fn new(
@@ -59,6 +67,29 @@ impl ZooModel {
             ModelKind::MobilenetV3 => Self::Mobile(mobile.init_v3(device)),
             other => return Err(NotInZoo(other)),
         })
+    }
+}
+
+impl ZooModel {
+    /// Like [`new`](Self::new), with the representation (the head's input, the last hidden FC
+    /// layer) `width` wide: what FedGH's shared header needs of every client. CNN1–CNN4 only.
+    pub fn with_representation(
+        kind: ModelKind,
+        input_shape: [usize; 3],
+        num_classes: usize,
+        width: usize,
+        device: &Device,
+    ) -> Result<Self, FixedRepresentation> {
+        let cfg = match kind {
+            ModelKind::Cnn1 => StackedCnnConfig::cnn1(input_shape, num_classes),
+            ModelKind::Cnn2 => StackedCnnConfig::cnn2(input_shape, num_classes),
+            ModelKind::Cnn3 => StackedCnnConfig::cnn3(input_shape, num_classes),
+            ModelKind::Cnn4 => StackedCnnConfig::cnn4(input_shape, num_classes),
+            other => return Err(FixedRepresentation(other)),
+        };
+        let mut hidden = cfg.hidden.clone();
+        *hidden.last_mut().expect("CNN1-CNN4 have a hidden layer") = width.max(1);
+        Ok(Self::Stacked(cfg.with_hidden(hidden).init(device)))
     }
 }
 

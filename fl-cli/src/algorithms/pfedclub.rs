@@ -3,6 +3,7 @@
 
 use anyhow::bail;
 use clap::{Args, ValueEnum};
+use fl_core::strategy::fedgh::FedGhConfig;
 use fl_core::strategy::fedmd::FedMdConfig;
 use fl_core::strategy::flexifed::CommonRule;
 use fl_core::strategy::pfedclub::cmsr::{Anchor, SearchRules};
@@ -41,6 +42,9 @@ pub enum Variant {
     /// FedMD: transfer learning on the labeled public set, then consensus distillation of the
     /// clients' scores on it every round.
     Fedmd,
+    /// FedGH: one global header over the clients' own feature extractors, trained on their
+    /// per-class mean representations.
+    Fedgh,
 }
 
 impl Variant {
@@ -55,6 +59,7 @@ impl Variant {
             Self::FlexifedClustered => "flexifed-clustered",
             Self::FlexifedMax => "flexifed-max",
             Self::Fedmd => "fedmd",
+            Self::Fedgh => "fedgh",
         }
     }
 }
@@ -135,6 +140,16 @@ pub struct PfedclubSettings {
     /// FedMD: Adam's learning rate on the public set.
     #[arg(long, default_value_t = 1e-3)]
     pub fedmd_lr: f64,
+    /// Width of CNN1-CNN4's last hidden layer, the representation their head reads (FedGH's
+    /// shared header needs one width; default for --variant fedgh: 512, CNN1/CNN2's own).
+    #[arg(long, value_name = "D")]
+    pub representation: Option<usize>,
+    /// FedGH: passes of the server over the round's prototypes.
+    #[arg(long, default_value_t = 1)]
+    pub header_epochs: usize,
+    /// FedGH: SGD step size of the server's header training.
+    #[arg(long, default_value_t = 0.01)]
+    pub header_lr: f64,
 }
 
 defaults_from_flags!(PfedclubSettings);
@@ -155,6 +170,7 @@ impl PfedclubSettings {
             ),
             Variant::FlexifedMax => (Method::Flexifed(CommonRule::Max), SearchRules::PFEDCLUB),
             Variant::Fedmd => (Method::FedMd, SearchRules::PFEDCLUB),
+            Variant::Fedgh => (Method::FedGh, SearchRules::PFEDCLUB),
         };
         rules.anchor = self.anchor;
         rules.ordered &= !self.no_order;
@@ -181,6 +197,10 @@ impl PfedclubSettings {
                 transfer_batch: self.transfer_batch,
                 lr: self.fedmd_lr,
             },
+            fedgh: FedGhConfig {
+                server_epochs: self.header_epochs,
+                server_lr: self.header_lr,
+            },
         }
     }
 }
@@ -191,9 +211,32 @@ impl PfedclubSettings {
         format!("zoo-{:?}", self.zoo).to_lowercase()
     }
 
+    /// The representation width CNN1-CNN4 are built with (`None`: their own).
+    pub fn representation(&self) -> Option<usize> {
+        self.representation
+            .or((self.variant == Variant::Fedgh).then_some(512))
+    }
+
+    /// Every client's architecture (checked against `--representation`).
+    pub fn architectures(&self, run: &RunSettings) -> anyhow::Result<Vec<ModelKind>> {
+        let kinds = self.zoo_architectures(run)?;
+        if let Some(width) = self.representation() {
+            if width == 0 {
+                bail!("--representation must be at least 1");
+            }
+            if let Some(&k) = kinds.iter().find(|k| !k.name().starts_with("cnn")) {
+                bail!(
+                    "{}; FedGH and --representation need zoo III or one of cnn1-cnn4",
+                    fl_models::FixedRepresentation(k)
+                );
+            }
+        }
+        Ok(kinds)
+    }
+
     /// Every client's architecture: the zoo's mix (`model = "zoo"` or the zoo's name), or one
     /// architecture for all (`--model cnn2`: the paper's homogeneous setting, Table 2).
-    pub fn architectures(&self, run: &RunSettings) -> anyhow::Result<Vec<ModelKind>> {
+    fn zoo_architectures(&self, run: &RunSettings) -> anyhow::Result<Vec<ModelKind>> {
         if run.model.starts_with("zoo") {
             if run.model != self.zoo_name() {
                 bail!(
@@ -268,8 +311,11 @@ pub fn run_one(
     let kinds = setup.architectures(run)?;
     let ad = backend::device().autodiff();
     let (shape, classes) = (pooled.image_shape(), pooled.num_classes());
-    let build = |client: usize| {
-        ZooModel::new(kinds[client], shape, classes, &ad).expect("zoo architectures only")
+    let width = setup.representation();
+    let build = |client: usize| match width {
+        Some(w) => ZooModel::with_representation(kinds[client], shape, classes, w, &ad)
+            .expect("checked by architectures()"),
+        None => ZooModel::new(kinds[client], shape, classes, &ad).expect("zoo architectures only"),
     };
     let mut strategy = PFedClub::new(
         setup.club(),

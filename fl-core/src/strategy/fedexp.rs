@@ -121,6 +121,7 @@ mod tests {
             .map(|k| LocalUpdate {
                 table: x.combine(1.0, &d, k).unwrap(),
                 state: None,
+                prototypes: None,
                 ..upload(0, 10)
             })
             .to_vec();

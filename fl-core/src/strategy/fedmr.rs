@@ -228,6 +228,7 @@ mod tests {
             client: seed as usize,
             table: ParamTable::from_module_with_blocks(&m, crate::Classifier::blocks(&m)).unwrap(),
             state: None,
+            prototypes: None,
             num_samples: samples,
             train_loss: 1.0,
         }

@@ -6,7 +6,7 @@
 //! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`], [`fedasam`], [`moon`], [`clusamp`],
 //! [`fedgen`]; the personalised baselines [`perfedavg`], [`pfedme`], [`pfedbayes`]; and
 //! [`pfedclub`], personalised FL over heterogeneous models, with its heterogeneous baselines
-//! [`flexifed`] and [`fedmd`]. Methods that are
+//! [`flexifed`], [`fedmd`] and [`fedgh`]. Methods that are
 //! FedAvg plus a client-side rule compose it with [`fedavg_with::FedAvgWith`]; the K-model
 //! methods (FedMR, FedCross, FedMut) share [`ModelSlots`].
 
@@ -18,6 +18,7 @@ pub mod fedavgm;
 pub mod fedcross;
 pub mod fedexp;
 pub mod fedgen;
+pub mod fedgh;
 pub mod fedmd;
 pub mod fedmr;
 pub mod fedmut;
@@ -142,7 +143,8 @@ pub struct ClientInstruction {
     /// Bytes the server sends it (by default the start model's size).
     pub bytes_down: usize,
     /// Bytes the client sends back, when that is not its trained model (FedMD uploads class
-    /// scores on the public samples); `None`: the trained model's size.
+    /// scores on the public samples); `None`: the trained model's size. Reported prototypes
+    /// (FedGH) are counted on top.
     pub bytes_up: Option<usize>,
     /// What the client kept from its last round, which the strategy holds on its behalf
     /// (pFedBayes' personalised posterior); it never travels, so it is not in `bytes_down`.

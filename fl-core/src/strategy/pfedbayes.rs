@@ -198,6 +198,7 @@ mod tests {
             client,
             table: post(seed),
             state: Some(post(seed + 10)),
+            prototypes: None,
             ..upload(seed, samples)
         };
         let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);

@@ -264,6 +264,7 @@ pub(super) fn train<M: Classifier>(
         client: task.client,
         table: v.posterior(&buffers)?.pack(),
         state: Some(q.posterior(&buffers)?.pack()),
+        prototypes: None,
         num_samples: task.indices.len(),
         train_loss: loss_sum / steps as f64,
         steps,

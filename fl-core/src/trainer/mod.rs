@@ -15,11 +15,13 @@ use crate::rng::{Purpose, derive_seed, rng_for, with_forward_stream};
 mod bayes;
 mod meta;
 mod pfedme;
+mod prototypes;
 mod public;
 mod sam;
 pub use bayes::BayesStep;
 pub use meta::{LocalProcedure, MetaStep, combine, hessian_vector_product};
 pub use pfedme::MoreauStep;
+pub use prototypes::Prototypes;
 pub use public::{PublicPhase, PublicTarget};
 pub use sam::SharpnessAware;
 
@@ -165,6 +167,12 @@ pub trait LocalObjective: Send + Sync {
         false
     }
 
+    /// Whether the client reports its per-class mean representations after training (FedGH's
+    /// prototypes, in [`LocalUpdate::prototypes`]).
+    fn reports_prototypes(&self) -> bool {
+        false
+    }
+
     /// Training on the server's public samples before the client's own (FedMD's transfer
     /// learning and digest); `None` (the default): none.
     fn public_phase(&self) -> Option<&PublicPhase> {
@@ -189,6 +197,9 @@ pub struct LocalUpdate {
     /// What the client keeps for its next round ([`LocalTask::state`]; pFedBayes' personalised
     /// posterior). Never counted as communication.
     pub state: Option<ParamTable>,
+    /// Its per-class mean representations after training, when its objective
+    /// [`reports_prototypes`](LocalObjective::reports_prototypes).
+    pub prototypes: Option<Prototypes>,
     /// Number of local training samples (FedAvg's weight).
     pub num_samples: usize,
     /// Mean mini-batch loss over all local steps.
@@ -412,10 +423,21 @@ fn train_steps<M: Classifier>(
         loss_sum += sum;
         steps += n;
     }
+    let prototypes = match task.objective {
+        Some(o) if o.reports_prototypes() => Some(Prototypes::of(
+            &model.valid(),
+            task.data,
+            task.norm,
+            task.indices,
+            cfg.batch_size,
+        )?),
+        _ => None,
+    };
     Ok(LocalUpdate {
         client: task.client,
         table: ParamTable::from_module(&model),
         state: None,
+        prototypes,
         num_samples: task.indices.len(),
         train_loss: loss_sum / steps as f64,
         steps,

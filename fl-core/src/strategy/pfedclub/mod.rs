@@ -44,6 +44,7 @@ use super::{
 use crate::layers::{BlockSpec, ParamKind, ParamTable};
 use crate::model::BlockForward;
 use crate::rng::{Purpose, derive_seed, rng_for};
+use crate::strategy::fedgh::{self, FedGhConfig};
 use crate::strategy::fedmd::{self, FedMdConfig};
 use crate::trainer::{LocalObjective, LocalUpdate, make_batch};
 use cmsr::{BlockGroups, BlockRef, SearchRules};
@@ -66,6 +67,9 @@ pub enum Method {
     /// FedMD's consensus distillation on the public data ([`fedmd`](crate::strategy::fedmd),
     /// settings in [`ClubConfig::fedmd`]).
     FedMd,
+    /// FedGH's shared header trained on the clients' prototypes
+    /// ([`fedgh`](crate::strategy::fedgh), settings in [`ClubConfig::fedgh`]).
+    FedGh,
 }
 
 /// pFedClub's server settings.
@@ -92,6 +96,9 @@ pub struct ClubConfig {
     /// FedMD's settings (for [`Method::FedMd`]).
     #[serde(default)]
     pub fedmd: FedMdConfig,
+    /// FedGH's settings (for [`Method::FedGh`]).
+    #[serde(default)]
+    pub fedgh: FedGhConfig,
 }
 
 impl Default for ClubConfig {
@@ -113,6 +120,7 @@ impl Default for ClubConfig {
                 temperature: 0.07,
             },
             fedmd: FedMdConfig::default(),
+            fedgh: FedGhConfig::default(),
         }
     }
 }
@@ -148,6 +156,9 @@ impl ClubConfig {
         }
         if !(s.lr.is_finite() && s.lr > 0.0 && s.temperature.is_finite() && s.temperature > 0.0) {
             return Err("stitch learning rate and temperature must be positive".into());
+        }
+        if self.method == Method::FedGh {
+            self.fedgh.validate()?;
         }
         if self.method == Method::FedMd {
             self.fedmd.validate()?;
@@ -211,6 +222,8 @@ pub struct PFedClub<'a, M: BlockForward> {
     accuracy: Vec<Option<(f64, f64)>>,
     /// Seconds the round's plan spent on FedMD's scores (reported with the round's metrics).
     plan_seconds: Option<f64>,
+    /// FedGH's global header.
+    header: Option<ParamTable>,
 }
 
 /// A client's teacher and its size bookkeeping.
@@ -302,6 +315,7 @@ impl<'a, M: BlockForward> PFedClub<'a, M> {
             rounds_trained: Vec::new(),
             accuracy: Vec::new(),
             plan_seconds: None,
+            header: None,
         })
     }
 
@@ -348,6 +362,21 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
             }
             tables.push(ParamTable::from_module_with_blocks(&model, blocks.clone())?);
             specs.push(blocks);
+        }
+        if self.club.method == Method::FedGh {
+            // One header for all: every representation must be as wide (the first client's
+            // header starts it).
+            let first = fedgh::header_shape(&tables[0])?;
+            for (c, t) in tables.iter().enumerate() {
+                let shape = fedgh::header_shape(t)?;
+                if shape != first {
+                    return Err(StrategyError::Config(format!(
+                        "FedGH shares one header, but client 0's takes {} features and client {c}'s {}; give every model the same representation width",
+                        first[0], shape[0]
+                    )));
+                }
+            }
+            self.header = Some(fedgh::header_of(&tables[0])?);
         }
         self.params = tables.iter().map(ParamTable::num_trainable).collect();
         self.block_params = tables.iter().map(trainable_per_block).collect();
@@ -402,9 +431,16 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                     instruction.bytes_down = plan.bytes_down[i];
                     instruction.bytes_up = Some(plan.bytes_up[i]);
                 }
-                instruction
+                if let Some(header) = &self.header {
+                    // FedGH: the global header replaces the client's; prototypes go up.
+                    instruction.start = fedgh::with_header(&instruction.start, header)?;
+                    instruction.objective = Some(Arc::new(fedgh::ReportPrototypes));
+                    instruction.bytes_down = header.byte_size();
+                    instruction.bytes_up = Some(0);
+                }
+                Ok(instruction)
             })
-            .collect();
+            .collect::<Result<_, StrategyError>>()?;
         Ok(RoundPlan {
             clients,
             train: ctx.train.clone(),
@@ -422,6 +458,24 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
         let mut extra = Metrics::new();
         match self.club.method {
             Method::Local => {}
+            Method::FedGh => {
+                let header = self.header.as_ref().ok_or(StrategyError::NotInitialised)?;
+                let uploads: Vec<&_> = updates
+                    .iter()
+                    .filter_map(|u| u.prototypes.as_ref())
+                    .collect();
+                let timer = Instant::now();
+                self.header = Some(fedgh::train_header(
+                    header,
+                    &uploads,
+                    &self.club.fedgh,
+                    rng,
+                )?);
+                extra.insert(
+                    "header_seconds".into(),
+                    timer.elapsed().as_secs_f64().into(),
+                );
+            }
             Method::FedMd => {
                 let seconds = self.plan_seconds.take().unwrap_or(0.0);
                 extra.insert("scores_seconds".into(), seconds.into());

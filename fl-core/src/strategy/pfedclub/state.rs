@@ -25,6 +25,9 @@ pub(super) struct SavedState {
     sources: Vec<(usize, usize)>,
     /// Per client: indices into `sources` and the parts of its teacher, if any.
     teachers: Vec<Option<(Vec<usize>, Vec<super::cmsr::BlockRef>)>>,
+    /// Whether FedGH's global header follows, in the last slot.
+    #[serde(default)]
+    header: bool,
 }
 
 fn parse(extra: &serde_json::Value) -> Result<SavedState, StrategyError> {
@@ -69,6 +72,10 @@ impl<M: BlockForward> PFedClub<'_, M> {
         }
         slots.extend(source_tables);
         slots.extend(stitch_tables);
+        if let Some(header) = &self.header {
+            slots.push(header.clone());
+            state.header = true;
+        }
         StrategyState {
             tables: slots,
             extra: serde_json::to_value(&state).expect("state serialises"),
@@ -109,6 +116,12 @@ impl<M: BlockForward> PFedClub<'_, M> {
         let s = slot - n;
         if let Some(&(_, client)) = state.sources.get(s) {
             return Ok(ParamTable::from_module(&(self.build)(client)));
+        }
+        let teachers = state.teachers.iter().flatten().count();
+        if state.header && s == state.sources.len() + teachers {
+            return self.header.clone().ok_or_else(|| {
+                StrategyError::Restore("the checkpoint holds a FedGH header, this run none".into())
+            });
         }
         let shapes = self.saved_stitch_shapes(&state, s - state.sources.len());
         let mut rng: ChaCha8Rng = rand::SeedableRng::seed_from_u64(0);
@@ -169,6 +182,9 @@ impl<M: BlockForward> PFedClub<'_, M> {
                 round: state.sources[indices[0]].0,
                 sources: indices.iter().map(|&i| state.sources[i].1).collect(),
             });
+        }
+        if state.header {
+            self.header = Some(slots.next().ok_or_else(missing)?);
         }
         self.rounds_trained = state.rounds_trained;
         self.phis = state.phis;
