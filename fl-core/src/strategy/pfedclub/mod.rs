@@ -60,11 +60,11 @@ pub enum Method {
     /// FlexiFed's layer sharing among architectures of one family
     /// ([`flexifed`](crate::strategy::flexifed)).
     Flexifed(crate::strategy::flexifed::CommonRule),
-    /// FedMD's consensus distillation on the public data ([`fedmd`](crate::strategy::fedmd),
+    /// FedMD's consensus distillation on the public data ([`fedmd`],
     /// settings in [`ClubConfig::fedmd`]).
     FedMd,
     /// FedGH's shared header trained on the clients' prototypes
-    /// ([`fedgh`](crate::strategy::fedgh), settings in [`ClubConfig::fedgh`]).
+    /// ([`fedgh`], settings in [`ClubConfig::fedgh`]).
     FedGh,
 }
 
