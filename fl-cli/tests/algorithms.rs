@@ -553,3 +553,44 @@ fn fedgh_shares_a_header_trained_on_prototypes_and_resumes_exactly() {
         );
     }
 }
+
+#[test]
+fn heterofl_clients_hold_corners_of_one_global_model_and_resume_exactly() {
+    let dir = tmp();
+    let line = "pfedclub --variant heterofl --model cnn2 --clients 6 --sample 3 --local-epochs 1 \
+        --max-samples 1500 --rates 1,0.5,0.25 --quiet";
+    let (full, resumed) = (dir.path().join("full"), dir.path().join("resumed"));
+    for (out, rounds) in [(&full, "3"), (&resumed, "2")] {
+        let o = fl_line(line, &["--out", out.to_str().unwrap(), "--rounds", rounds]);
+        assert!(o.status.success(), "{line}: {}", stderr(&o));
+    }
+    let r = resumed.display().to_string();
+    let o = fl(&["pfedclub", "--resume", &r, "--rounds", "3", "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(metrics(&full), metrics(&resumed));
+    let w = weights(&full);
+    assert_eq!(w, weights(&resumed));
+    // Clients 0-1 at rate 1, 2-3 at 1/2, 4-5 at 1/4: conv1 has 32, 16 and 8 filters of 1×5×5,
+    // and every client's are the first of the global model's (client 0's, after the round).
+    let conv1 = |c: usize| w[&format!("{c}/Stacked.convs.0.conv.weight")].clone();
+    for (c, filters) in [(0, 32), (1, 32), (2, 16), (3, 16), (4, 8), (5, 8)] {
+        let own = conv1(c);
+        assert_eq!(own.len(), filters * 25 * 4, "client {c}");
+        assert_eq!(own, conv1(0)[..own.len()], "client {c}");
+    }
+    for (bad, expected) in [
+        ("--model zoo", "HeteroFL scales one architecture"),
+        (
+            "--model cnn2 --rates 1,0",
+            "--rates must be width rates in (0, 1]",
+        ),
+        ("--model mobilenet-v2", "HeteroFL scales one architecture"),
+    ] {
+        fails(
+            &words(&format!(
+                "pfedclub --variant heterofl {bad} --rounds 1 --quiet"
+            )),
+            expected,
+        );
+    }
+}

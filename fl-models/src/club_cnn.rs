@@ -133,6 +133,15 @@ impl StackedCnnConfig {
         self
     }
 
+    /// Every convolution and hidden FC layer `rate` times as wide (rounded up, as HeteroFL
+    /// slices its sub-models); the input and the classes stay.
+    pub fn scaled(self, rate: f64) -> Self {
+        let scale = |w: usize| ((rate * w as f64).ceil() as usize).max(1);
+        let widths: Vec<usize> = self.convs.iter().map(|l| scale(l.channels)).collect();
+        let hidden = self.hidden.iter().map(|&h| scale(h)).collect();
+        self.with_conv_widths(&widths).with_hidden(hidden)
+    }
+
     /// Builds the model on `device` (weights drawn from the device's RNG: seed it first).
     ///
     /// # Panics
@@ -181,6 +190,7 @@ impl StackedCnnConfig {
             fc,
             dropout: Dropout::new(f64::from(self.dropout_per_mille) / 1000.0),
             block_specs: specs,
+            scaler: 1.0,
         }
     }
 }
@@ -208,6 +218,27 @@ pub struct StackedCnn {
     dropout: Dropout,
     #[module(skip)]
     block_specs: Vec<BlockSpec>,
+    /// HeteroFL's scaler: hidden outputs are divided by this rate while training (1: none).
+    #[module(skip)]
+    scaler: f64,
+}
+
+impl StackedCnn {
+    /// The model with HeteroFL's scaler for a sub-model of width `rate`: while training, every
+    /// convolution's and hidden FC layer's output is divided by `rate`, so that sub-models of
+    /// different widths produce activations of the full model's scale.
+    pub fn with_scaler(mut self, rate: f64) -> Self {
+        self.scaler = rate;
+        self
+    }
+
+    fn scale<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let training = x.device().is_autodiff() && self.dropout.training.is_enabled();
+        if self.scaler == 1.0 || !training {
+            return x;
+        }
+        x.div_scalar(self.scaler)
+    }
 }
 
 impl Classifier for StackedCnn {
@@ -241,7 +272,7 @@ impl Classifier for StackedCnn {
 impl BlockForward for StackedCnn {
     fn forward_block(&self, index: usize, x: Features) -> Features {
         if let Some(layer) = self.convs.get(index) {
-            let mut x = conv2d_forward(&layer.conv, x.into_map());
+            let mut x = self.scale(conv2d_forward(&layer.conv, x.into_map()));
             if let Some(bn) = &layer.bn {
                 x = batch_norm_forward(bn, x);
             }
@@ -258,7 +289,7 @@ impl BlockForward for StackedCnn {
         let last = self.fc.len() - 1;
         let mut x = self.fc[i].forward(x.into_flat());
         if i < last {
-            x = relu(x);
+            x = relu(self.scale(x));
         }
         if i == 0 && last > 0 {
             x = self.dropout.forward(x);

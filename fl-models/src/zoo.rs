@@ -29,11 +29,11 @@ pub enum ZooModel {
 #[error("'{0}' is not a model-zoo architecture (cnn1-cnn4, mobilenet-v1/v2/v3)")]
 pub struct NotInZoo(pub ModelKind);
 
-/// A zoo model whose representation width cannot be set (only CNN1–CNN4 have a hidden FC
-/// layer before the head; MobileNetV1/V2 end in their pooled channels).
+/// A zoo model whose widths cannot be set: only CNN1–CNN4 can be scaled (HeteroFL) or have a
+/// hidden FC layer before the head (FedGH); MobileNetV1/V2 end in their pooled channels.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "'{0}' has no hidden FC layer before its head whose width could be set (only cnn1-cnn4 do)"
+    "'{0}' has no hidden FC layer before its head whose width could be set, and no width scaling (only cnn1-cnn4 do)"
 )]
 pub struct FixedRepresentation(pub ModelKind);
 
@@ -71,6 +71,27 @@ impl ZooModel {
 }
 
 impl ZooModel {
+    /// Like [`new`](Self::new), every hidden layer `rate` times as wide and HeteroFL's scaler
+    /// (a width-`rate` sub-model of the full architecture). CNN1–CNN4 only.
+    pub fn scaled(
+        kind: ModelKind,
+        input_shape: [usize; 3],
+        num_classes: usize,
+        rate: f64,
+        device: &Device,
+    ) -> Result<Self, FixedRepresentation> {
+        let cfg = match kind {
+            ModelKind::Cnn1 => StackedCnnConfig::cnn1(input_shape, num_classes),
+            ModelKind::Cnn2 => StackedCnnConfig::cnn2(input_shape, num_classes),
+            ModelKind::Cnn3 => StackedCnnConfig::cnn3(input_shape, num_classes),
+            ModelKind::Cnn4 => StackedCnnConfig::cnn4(input_shape, num_classes),
+            other => return Err(FixedRepresentation(other)),
+        };
+        Ok(Self::Stacked(
+            cfg.scaled(rate).init(device).with_scaler(rate),
+        ))
+    }
+
     /// Like [`new`](Self::new), with the representation (the head's input, the last hidden FC
     /// layer) `width` wide: what FedGH's shared header needs of every client. CNN1–CNN4 only.
     pub fn with_representation(

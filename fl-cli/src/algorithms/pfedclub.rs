@@ -45,6 +45,9 @@ pub enum Variant {
     /// FedGH: one global header over the clients' own feature extractors, trained on their
     /// per-class mean representations.
     Fedgh,
+    /// HeteroFL: width-scaled sub-models of one architecture (`--model cnn1..cnn4`,
+    /// `--rates`), every parameter averaged over the clients holding it.
+    Heterofl,
 }
 
 impl Variant {
@@ -60,6 +63,7 @@ impl Variant {
             Self::FlexifedMax => "flexifed-max",
             Self::Fedmd => "fedmd",
             Self::Fedgh => "fedgh",
+            Self::Heterofl => "heterofl",
         }
     }
 }
@@ -150,6 +154,15 @@ pub struct PfedclubSettings {
     /// FedGH: SGD step size of the server's header training.
     #[arg(long, default_value_t = 0.01)]
     pub header_lr: f64,
+    /// HeteroFL: the width rates of the clients' sub-models, given to equal contiguous shares
+    /// of the clients (the paper's levels a-e: 1, 1/2, 1/4, 1/8, 1/16).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "R,...",
+        default_value = "1,0.5,0.25,0.125,0.0625"
+    )]
+    pub rates: Vec<f64>,
 }
 
 defaults_from_flags!(PfedclubSettings);
@@ -171,6 +184,7 @@ impl PfedclubSettings {
             Variant::FlexifedMax => (Method::Flexifed(CommonRule::Max), SearchRules::PFEDCLUB),
             Variant::Fedmd => (Method::FedMd, SearchRules::PFEDCLUB),
             Variant::Fedgh => (Method::FedGh, SearchRules::PFEDCLUB),
+            Variant::Heterofl => (Method::HeteroFl, SearchRules::PFEDCLUB),
         };
         rules.anchor = self.anchor;
         rules.ordered &= !self.no_order;
@@ -217,9 +231,34 @@ impl PfedclubSettings {
             .or((self.variant == Variant::Fedgh).then_some(512))
     }
 
-    /// Every client's architecture (checked against `--representation`).
+    /// Each client's width rate (HeteroFL; 1 otherwise): `--rates` in equal contiguous shares.
+    pub fn rate_of(&self, client: usize, clients: usize) -> f64 {
+        if self.variant != Variant::Heterofl || self.rates.is_empty() {
+            return 1.0;
+        }
+        self.rates[client * self.rates.len() / clients.max(1)]
+    }
+
+    /// Every client's architecture (checked against `--representation` and HeteroFL's needs).
     pub fn architectures(&self, run: &RunSettings) -> anyhow::Result<Vec<ModelKind>> {
         let kinds = self.zoo_architectures(run)?;
+        if self.variant == Variant::Heterofl {
+            if !kinds
+                .iter()
+                .all(|k| *k == kinds[0] && k.name().starts_with("cnn"))
+            {
+                bail!(
+                    "HeteroFL scales one architecture: give --model cnn1, cnn2, cnn3 or cnn4 (not --model {})",
+                    run.model
+                );
+            }
+            if self.rates.is_empty() || self.rates.iter().any(|r| !(*r > 0.0 && *r <= 1.0)) {
+                bail!("--rates must be width rates in (0, 1], e.g. 1,0.5,0.25");
+            }
+            if self.representation.is_some() {
+                bail!("--representation does not combine with HeteroFL's width rates");
+            }
+        }
         if let Some(width) = self.representation() {
             if width == 0 {
                 bail!("--representation must be at least 1");
@@ -312,11 +351,28 @@ pub fn run_one(
     let ad = backend::device().autodiff();
     let (shape, classes) = (pooled.image_shape(), pooled.num_classes());
     let width = setup.representation();
+    let heterofl = setup.variant == Variant::Heterofl;
     let build = |client: usize| match width {
         Some(w) => ZooModel::with_representation(kinds[client], shape, classes, w, &ad)
             .expect("checked by architectures()"),
+        None if heterofl => {
+            let rate = setup.rate_of(client, kinds.len());
+            ZooModel::scaled(kinds[client], shape, classes, rate, &ad)
+                .expect("checked by architectures()")
+        }
         None => ZooModel::new(kinds[client], shape, classes, &ad).expect("zoo architectures only"),
     };
+    let labels = pooled.labels();
+    let client_classes: Vec<Vec<usize>> = partition
+        .clients
+        .iter()
+        .map(|own| {
+            let mut c: Vec<usize> = own.iter().map(|&i| labels[i] as usize).collect();
+            c.sort_unstable();
+            c.dedup();
+            c
+        })
+        .collect();
     let mut strategy = PFedClub::new(
         setup.club(),
         &build,
@@ -328,7 +384,8 @@ pub fn run_one(
         run.clients,
         run.seed,
         run.eval_batch_size,
-    )?;
+    )?
+    .with_client_classes(client_classes);
     let dir = RunDir::open(cfg, resume, &partition, personal.train.len())?;
     let out = dir.path.clone();
     if !resume {
@@ -338,6 +395,12 @@ pub fn run_one(
             "architectures".into(),
             kinds.iter().map(|k| k.name()).collect::<Vec<_>>().into(),
         );
+        if heterofl {
+            let rates: Vec<f64> = (0..kinds.len())
+                .map(|c| setup.rate_of(c, kinds.len()))
+                .collect();
+            extra.insert("rates".into(), rates.into());
+        }
         write_run_files(cfg, &out, &personal, &partition, extra)?;
         write_split(&out, &split)?;
     }

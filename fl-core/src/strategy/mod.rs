@@ -6,7 +6,7 @@
 //! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`], [`fedasam`], [`moon`], [`clusamp`],
 //! [`fedgen`]; the personalised baselines [`perfedavg`], [`pfedme`], [`pfedbayes`]; and
 //! [`pfedclub`], personalised FL over heterogeneous models, with its heterogeneous baselines
-//! [`flexifed`], [`fedmd`] and [`fedgh`]. Methods that are
+//! [`flexifed`], [`heterofl`], [`fedmd`] and [`fedgh`]. Methods that are
 //! FedAvg plus a client-side rule compose it with [`fedavg_with::FedAvgWith`]; the K-model
 //! methods (FedMR, FedCross, FedMut) share [`ModelSlots`].
 
@@ -24,6 +24,7 @@ pub mod fedmr;
 pub mod fedmut;
 pub mod fedprox;
 pub mod flexifed;
+pub mod heterofl;
 pub mod moon;
 pub mod perfedavg;
 pub mod personal;

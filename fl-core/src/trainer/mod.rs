@@ -11,6 +11,7 @@ use rand::seq::SliceRandom;
 use crate::layers::{LayerError, ParamTable};
 use crate::model::Classifier;
 use crate::rng::{Purpose, derive_seed, rng_for, with_forward_stream};
+use crate::strategy::heterofl::class_mask;
 
 mod bayes;
 mod meta;
@@ -164,6 +165,12 @@ pub trait LocalObjective: Send + Sync {
     /// ([`Classifier::features`], [`Classifier::head`]); training fails with a clear error for
     /// a model that does not expose them.
     fn uses_features(&self) -> bool {
+        false
+    }
+
+    /// Whether the logits of classes absent from the client's data are set to 0 before the
+    /// cross-entropy (HeteroFL's masked loss).
+    fn masks_absent_classes(&self) -> bool {
         false
     }
 
@@ -343,10 +350,22 @@ fn train_steps<M: Classifier>(
             .collect::<Result<_, _>>()?,
         None => Vec::new(),
     };
+    let present = match task.objective {
+        Some(o) if o.masks_absent_classes() => {
+            let labels = task.data.labels();
+            let mut classes: Vec<usize> =
+                task.indices.iter().map(|&i| labels[i] as usize).collect();
+            classes.sort_unstable();
+            classes.dedup();
+            Some(class_mask(&classes, task.data.num_classes(), &device))
+        }
+        _ => None,
+    };
     let step = StepLoss {
         loss_fn: &loss_fn,
         objective: task.objective,
         start: &task.start,
+        present,
     };
     let mut rng = rng_for(
         task.seed,
@@ -515,6 +534,8 @@ struct StepLoss<'a> {
     loss_fn: &'a CrossEntropyLoss,
     objective: Option<&'a dyn LocalObjective>,
     start: &'a ParamTable,
+    /// `[1, classes]`, 1 for the client's classes: the logits are multiplied by it (HeteroFL).
+    present: Option<Tensor<2>>,
 }
 
 impl StepLoss<'_> {
@@ -538,6 +559,10 @@ impl StepLoss<'_> {
             (logits, Some(z))
         } else {
             (model.forward(images.clone()), None)
+        };
+        let logits = match &self.present {
+            Some(mask) => logits * mask.clone(),
+            None => logits,
         };
         let mut loss = self.loss_fn.forward(logits.clone(), labels.clone());
         if objective.uses_parameters() {

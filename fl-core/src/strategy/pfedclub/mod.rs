@@ -43,6 +43,7 @@ use crate::model::BlockForward;
 use crate::rng::{Purpose, derive_seed};
 use crate::strategy::fedgh::{self, FedGhConfig};
 use crate::strategy::fedmd::{self, FedMdConfig};
+use crate::strategy::heterofl;
 use crate::trainer::{LocalObjective, LocalUpdate};
 use cmsr::SearchRules;
 use stitch::{StitchTraining, Teacher};
@@ -66,6 +67,9 @@ pub enum Method {
     /// FedGH's shared header trained on the clients' prototypes
     /// ([`fedgh`], settings in [`ClubConfig::fedgh`]).
     FedGh,
+    /// HeteroFL's width-scaled sub-models of one global model
+    /// ([`heterofl`](crate::strategy::heterofl)).
+    HeteroFl,
 }
 
 /// pFedClub's server settings.
@@ -218,8 +222,10 @@ pub struct PFedClub<'a, M: BlockForward> {
     accuracy: Vec<Option<(f64, f64)>>,
     /// Seconds the round's plan spent on FedMD's scores (reported with the round's metrics).
     plan_seconds: Option<f64>,
-    /// FedGH's global header.
-    header: Option<ParamTable>,
+    /// The server's own model: FedGH's global header, HeteroFL's global model.
+    server: Option<ParamTable>,
+    /// The classes in each client's training data (HeteroFL's label split).
+    client_classes: Vec<Vec<usize>>,
 }
 
 /// A client's teacher and its size bookkeeping.
@@ -311,8 +317,15 @@ impl<'a, M: BlockForward> PFedClub<'a, M> {
             rounds_trained: Vec::new(),
             accuracy: Vec::new(),
             plan_seconds: None,
-            header: None,
+            server: None,
+            client_classes: Vec::new(),
         })
+    }
+
+    /// Tells the server the classes in each client's training data (HeteroFL needs them).
+    pub fn with_client_classes(mut self, classes: Vec<Vec<usize>>) -> Self {
+        self.client_classes = classes;
+        self
     }
 
     /// The server's settings.
@@ -372,7 +385,23 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                     )));
                 }
             }
-            self.header = Some(fedgh::header_of(&tables[0])?);
+            self.server = Some(fedgh::header_of(&tables[0])?);
+        }
+        if self.club.method == Method::HeteroFl {
+            if self.client_classes.len() != n {
+                return Err(StrategyError::Config(
+                    "HeteroFL needs the classes of every client's data".into(),
+                ));
+            }
+            // The global model is the widest client's; everyone starts from its corner.
+            let widest = (0..n)
+                .max_by_key(|&c| (tables[c].num_trainable(), std::cmp::Reverse(c)))
+                .expect("at least one client");
+            let global = tables[widest].clone();
+            for t in tables.iter_mut() {
+                *t = heterofl::slice(&global, t)?;
+            }
+            self.server = Some(global);
         }
         self.params = tables.iter().map(ParamTable::num_trainable).collect();
         self.block_params = tables.iter().map(trainable_per_block).collect();
@@ -427,7 +456,11 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                     instruction.bytes_down = plan.bytes_down[i];
                     instruction.bytes_up = Some(plan.bytes_up[i]);
                 }
-                if let Some(header) = &self.header {
+                if self.club.method == Method::HeteroFl {
+                    instruction.objective = Some(Arc::new(heterofl::MaskedLoss));
+                    instruction.bytes_down = instruction.start.byte_size();
+                }
+                if let (Method::FedGh, Some(header)) = (self.club.method, &self.server) {
                     // FedGH: the global header replaces the client's; prototypes go up.
                     instruction.start = fedgh::with_header(&instruction.start, header)?;
                     instruction.objective = Some(Arc::new(fedgh::ReportPrototypes));
@@ -454,14 +487,31 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
         let mut extra = Metrics::new();
         match self.club.method {
             Method::Local => {}
+            Method::HeteroFl => {
+                let global = self.server.as_ref().ok_or(StrategyError::NotInitialised)?;
+                let uploads: Vec<heterofl::Upload<'_>> = updates
+                    .iter()
+                    .map(|u| heterofl::Upload {
+                        table: &u.table,
+                        classes: &self.client_classes[u.client],
+                    })
+                    .collect();
+                let head = fedgh::header_indices(global)?;
+                let global = heterofl::aggregate(global, &uploads, head)?;
+                for t in self.tables.iter_mut() {
+                    *t = heterofl::slice(&global, t)?;
+                }
+                self.server = Some(global);
+                changed = (0..self.num_clients).collect();
+            }
             Method::FedGh => {
-                let header = self.header.as_ref().ok_or(StrategyError::NotInitialised)?;
+                let header = self.server.as_ref().ok_or(StrategyError::NotInitialised)?;
                 let uploads: Vec<&_> = updates
                     .iter()
                     .filter_map(|u| u.prototypes.as_ref())
                     .collect();
                 let timer = Instant::now();
-                self.header = Some(fedgh::train_header(
+                self.server = Some(fedgh::train_header(
                     header,
                     &uploads,
                     &self.club.fedgh,

@@ -25,9 +25,9 @@ pub(super) struct SavedState {
     sources: Vec<(usize, usize)>,
     /// Per client: indices into `sources` and the parts of its teacher, if any.
     teachers: Vec<Option<(Vec<usize>, Vec<super::cmsr::BlockRef>)>>,
-    /// Whether FedGH's global header follows, in the last slot.
+    /// Whether the server's own model (FedGH's header, HeteroFL's global model) follows, last.
     #[serde(default)]
-    header: bool,
+    server: bool,
 }
 
 fn parse(extra: &serde_json::Value) -> Result<SavedState, StrategyError> {
@@ -72,9 +72,9 @@ impl<M: BlockForward> PFedClub<'_, M> {
         }
         slots.extend(source_tables);
         slots.extend(stitch_tables);
-        if let Some(header) = &self.header {
-            slots.push(header.clone());
-            state.header = true;
+        if let Some(server) = &self.server {
+            slots.push(server.clone());
+            state.server = true;
         }
         StrategyState {
             tables: slots,
@@ -118,9 +118,9 @@ impl<M: BlockForward> PFedClub<'_, M> {
             return Ok(ParamTable::from_module(&(self.build)(client)));
         }
         let teachers = state.teachers.iter().flatten().count();
-        if state.header && s == state.sources.len() + teachers {
-            return self.header.clone().ok_or_else(|| {
-                StrategyError::Restore("the checkpoint holds a FedGH header, this run none".into())
+        if state.server && s == state.sources.len() + teachers {
+            return self.server.clone().ok_or_else(|| {
+                StrategyError::Restore("the checkpoint holds a server model, this run none".into())
             });
         }
         let shapes = self.saved_stitch_shapes(&state, s - state.sources.len());
@@ -183,8 +183,8 @@ impl<M: BlockForward> PFedClub<'_, M> {
                 sources: indices.iter().map(|&i| state.sources[i].1).collect(),
             });
         }
-        if state.header {
-            self.header = Some(slots.next().ok_or_else(missing)?);
+        if state.server {
+            self.server = Some(slots.next().ok_or_else(missing)?);
         }
         self.rounds_trained = state.rounds_trained;
         self.phis = state.phis;
