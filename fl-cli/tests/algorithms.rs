@@ -594,3 +594,55 @@ fn heterofl_clients_hold_corners_of_one_global_model_and_resume_exactly() {
         );
     }
 }
+
+#[test]
+fn fccl_learns_from_public_scores_without_labels_and_resumes_exactly() {
+    let dir = tmp();
+    let line = "pfedclub --variant fccl --public unlabeled --zoo III --clients 6 --sample 3 \
+        --local-epochs 1 --max-samples 1500 --alignment 64 --col-batch 32 --quiet";
+    let (full, resumed) = (dir.path().join("full"), dir.path().join("resumed"));
+    for (out, rounds) in [(&full, "3"), (&resumed, "2")] {
+        let o = fl_line(line, &["--out", out.to_str().unwrap(), "--rounds", rounds]);
+        assert!(o.status.success(), "{line}: {}", stderr(&o));
+    }
+    let r = resumed.display().to_string();
+    let o = fl(&["pfedclub", "--resume", &r, "--rounds", "3", "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = metrics(&full);
+    assert_eq!(m, metrics(&resumed));
+    assert_eq!(weights(&full), weights(&resumed));
+    // Round 1 is every client's pretraining; later, scores travel, never a model.
+    assert_eq!(m[0]["bytes_up"], 0);
+    let scores = 4 * 64 * 10;
+    assert!(m[1..].iter().any(|l| l["bytes_up"].as_u64().unwrap() > 0));
+    for l in &m {
+        assert_eq!(l["bytes_up"].as_u64().unwrap() % scores, 0, "{l}");
+    }
+    // The authors' off-diagonal target changes the run.
+    let authors = dir.path().join("authors");
+    let o = fl_line(
+        line,
+        &[
+            "--out",
+            authors.to_str().unwrap(),
+            "--rounds",
+            "3",
+            "--authors-off-diagonal",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let a = metrics(&authors);
+    assert_eq!(a[0], m[0]);
+    if m[1]["bytes_up"].as_u64().unwrap() > 0 {
+        assert_ne!(a[1]["train_loss"], m[1]["train_loss"]);
+    }
+    for (bad, expected) in [
+        ("--col-batch 1", "at least 2 samples"),
+        ("--off-diagonal -1", "off-diagonal weight must be >= 0"),
+    ] {
+        fails(
+            &words(&format!("pfedclub --variant fccl {bad} --rounds 1 --quiet")),
+            expected,
+        );
+    }
+}

@@ -3,6 +3,7 @@
 
 use anyhow::bail;
 use clap::{Args, ValueEnum};
+use fl_core::strategy::fccl::FcclConfig;
 use fl_core::strategy::fedgh::FedGhConfig;
 use fl_core::strategy::fedmd::FedMdConfig;
 use fl_core::strategy::flexifed::CommonRule;
@@ -48,6 +49,9 @@ pub enum Variant {
     /// HeteroFL: width-scaled sub-models of one architecture (`--model cnn1..cnn4`,
     /// `--rates`), every parameter averaged over the clients holding it.
     Heterofl,
+    /// FCCL: cross-correlation learning on the (unlabeled) public set, then private training
+    /// with non-forgetting distillation.
+    Fccl,
 }
 
 impl Variant {
@@ -64,6 +68,7 @@ impl Variant {
             Self::Fedmd => "fedmd",
             Self::Fedgh => "fedgh",
             Self::Heterofl => "heterofl",
+            Self::Fccl => "fccl",
         }
     }
 }
@@ -125,7 +130,7 @@ pub struct PfedclubSettings {
     /// Epochs of stitching-layer fine-tuning (paper §4.1: 3).
     #[arg(long, default_value_t = 3)]
     pub stitch_epochs: usize,
-    /// FedMD: public samples drawn per round for the consensus (the authors' 5000).
+    /// FedMD and FCCL: public samples drawn per round for the consensus (the authors' 5000).
     #[arg(long, default_value_t = 5000)]
     pub alignment: usize,
     /// FedMD: epochs of the digest (training the scores towards the consensus).
@@ -163,6 +168,21 @@ pub struct PfedclubSettings {
         default_value = "1,0.5,0.25,0.125,0.0625"
     )]
     pub rates: Vec<f64>,
+    /// FCCL: passes of the collaborative update over the round's public draw (--alignment).
+    #[arg(long, default_value_t = 1)]
+    pub col_epochs: usize,
+    /// FCCL: batch size of the collaborative update.
+    #[arg(long, default_value_t = 256)]
+    pub col_batch: usize,
+    /// FCCL: Adam's step size in the collaborative update.
+    #[arg(long, default_value_t = 1e-3)]
+    pub col_lr: f64,
+    /// FCCL: λ, the weight of the off-diagonal cross-correlations.
+    #[arg(long, default_value_t = 0.0051)]
+    pub off_diagonal: f64,
+    /// FCCL: push off-diagonal correlations towards -1 as the authors' code does (the paper: 0).
+    #[arg(long)]
+    pub authors_off_diagonal: bool,
 }
 
 defaults_from_flags!(PfedclubSettings);
@@ -185,6 +205,7 @@ impl PfedclubSettings {
             Variant::Fedmd => (Method::FedMd, SearchRules::PFEDCLUB),
             Variant::Fedgh => (Method::FedGh, SearchRules::PFEDCLUB),
             Variant::Heterofl => (Method::HeteroFl, SearchRules::PFEDCLUB),
+            Variant::Fccl => (Method::Fccl, SearchRules::PFEDCLUB),
         };
         rules.anchor = self.anchor;
         rules.ordered &= !self.no_order;
@@ -214,6 +235,14 @@ impl PfedclubSettings {
             fedgh: FedGhConfig {
                 server_epochs: self.header_epochs,
                 server_lr: self.header_lr,
+            },
+            fccl: FcclConfig {
+                alignment: self.alignment,
+                epochs: self.col_epochs,
+                batch: self.col_batch,
+                lr: self.col_lr,
+                off_diagonal: self.off_diagonal,
+                authors_off_diagonal: self.authors_off_diagonal,
             },
         }
     }

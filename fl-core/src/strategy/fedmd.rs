@@ -134,7 +134,7 @@ pub fn consensus(uploads: &[Vec<f32>]) -> Option<Vec<f32>> {
 /// What each sampled client does in a FedMD round, in dispatch order.
 pub struct RoundPlan {
     /// Its public phase: transfer learning (first round) or the digest.
-    pub objectives: Vec<Option<Arc<dyn LocalObjective>>>,
+    pub phases: Vec<Option<PublicPhase>>,
     /// Bytes it receives (consensus and alignment indices).
     pub bytes_down: Vec<usize>,
     /// Bytes it sends (its scores).
@@ -143,21 +143,35 @@ pub struct RoundPlan {
     pub seconds: f64,
 }
 
-/// Plans round `round` for the `sampled` clients: a client that never trained starts with
-/// transfer learning on the labeled public set (when `transfer_epochs > 0`); every other one
-/// uploads its scores on the round's alignment subset (drawn from the server's generator for
-/// FedMD) and digests their consensus. `model(c)` is client `c`'s current model for inference.
+impl RoundPlan {
+    /// The phases as the clients' local objectives.
+    pub fn objectives(&self) -> Vec<Option<Arc<dyn LocalObjective>>> {
+        self.phases
+            .iter()
+            .map(|p| {
+                p.clone()
+                    .map(|p| Arc::new(OnPublic(p)) as Arc<dyn LocalObjective>)
+            })
+            .collect()
+    }
+}
+
+/// Plans round `round` for the `sampled` clients: a `fresh` one does not communicate and
+/// starts with transfer learning on the labeled public set (when `transfer_epochs > 0`,
+/// otherwise with nothing); every other one uploads its scores on the round's alignment subset
+/// (drawn from the server's generator for FedMD) and digests their consensus. `model(c)` is
+/// client `c`'s current model for inference. FedMD's fresh clients are those that never
+/// trained, when there is transfer learning; FCCL's those that never trained.
 pub fn plan<M: Classifier>(
     cfg: &FedMdConfig,
     (seed, round): (u64, usize),
     sampled: &[usize],
-    trained: &dyn Fn(usize) -> bool,
+    fresh: &dyn Fn(usize) -> bool,
     model: &(dyn Fn(usize) -> Result<M, StrategyError> + Sync),
     public: &PublicData<'_>,
     batch: usize,
 ) -> Result<RoundPlan, StrategyError> {
     let timer = Instant::now();
-    let fresh = |c: usize| cfg.transfer_epochs > 0 && !trained(c);
     let mut rng = rng_for(seed, Purpose::Public, round as u64, u64::MAX);
     let n = cfg.alignment.min(public.samples.len());
     let mut alignment: Vec<usize> = sample(&mut rng, public.samples.len(), n)
@@ -173,7 +187,7 @@ pub fn plan<M: Classifier>(
     let consensus = consensus(&uploads).map(Arc::new);
     let score_bytes = 4 * alignment.len() * public.data.num_classes();
     let mut out = RoundPlan {
-        objectives: Vec::new(),
+        phases: Vec::new(),
         bytes_down: Vec::new(),
         bytes_up: Vec::new(),
         seconds: timer.elapsed().as_secs_f64(),
@@ -181,7 +195,7 @@ pub fn plan<M: Classifier>(
     for &c in sampled {
         let (phase, down, up) = match (&consensus, fresh(c)) {
             (_, true) => (
-                Some(PublicPhase {
+                (cfg.transfer_epochs > 0).then(|| PublicPhase {
                     samples: public.samples.to_vec(),
                     target: PublicTarget::Labels,
                     epochs: cfg.transfer_epochs,
@@ -204,8 +218,7 @@ pub fn plan<M: Classifier>(
             ),
             (None, false) => unreachable!("a communicating client makes a consensus"),
         };
-        out.objectives
-            .push(phase.map(|p| Arc::new(OnPublic(p)) as Arc<dyn LocalObjective>));
+        out.phases.push(phase);
         out.bytes_down.push(down);
         out.bytes_up.push(up);
     }
@@ -255,15 +268,10 @@ mod tests {
             ..FedMdConfig::default()
         };
         let model = |c: usize| Ok(tiny(c as u64));
-        let trained = |c: usize| c != 3;
-        let round = plan(&cfg, (1, 2), &[3, 1, 2], &trained, &model, &public, 4).unwrap();
-        let phase = |i: usize| {
-            round.objectives[i]
-                .as_ref()
-                .unwrap()
-                .public_phase()
-                .unwrap()
-        };
+        let fresh = |c: usize| c == 3;
+        let round = plan(&cfg, (1, 2), &[3, 1, 2], &fresh, &model, &public, 4).unwrap();
+        let objectives = round.objectives();
+        let phase = |i: usize| objectives[i].as_ref().unwrap().public_phase().unwrap();
         assert_eq!(phase(0).target, PublicTarget::Labels);
         assert_eq!(phase(0).samples, samples);
         assert_eq!((round.bytes_down[0], round.bytes_up[0]), (0, 0));
@@ -280,27 +288,20 @@ mod tests {
         assert_eq!(round.bytes_up[1], 4 * 6 * 10);
         assert_eq!(round.bytes_down[2], 4 * 6 * 10 + 4 * 6);
         // The same round draws the same subset; another round another one.
-        let again = plan(&cfg, (1, 2), &[1], &trained, &model, &public, 4).unwrap();
-        let p = again.objectives[0]
-            .as_ref()
-            .unwrap()
-            .public_phase()
-            .unwrap();
-        assert_eq!(p.samples, alignment);
-        let next = plan(&cfg, (1, 3), &[1], &trained, &model, &public, 4).unwrap();
-        let p = next.objectives[0].as_ref().unwrap().public_phase().unwrap();
-        assert_ne!(p.samples, alignment);
-        // Without transfer learning nobody is new.
+        let again = plan(&cfg, (1, 2), &[1], &fresh, &model, &public, 4).unwrap();
+        assert_eq!(again.phases[0].as_ref().unwrap().samples, alignment);
+        let next = plan(&cfg, (1, 3), &[1], &fresh, &model, &public, 4).unwrap();
+        assert_ne!(next.phases[0].as_ref().unwrap().samples, alignment);
+        // Without transfer learning a fresh client starts with nothing.
         let none = FedMdConfig {
             transfer_epochs: 0,
             ..cfg
         };
-        let round = plan(&none, (1, 2), &[3], &trained, &model, &public, 4).unwrap();
-        let p = round.objectives[0]
-            .as_ref()
-            .unwrap()
-            .public_phase()
-            .unwrap();
-        assert!(matches!(p.target, PublicTarget::Scores(_)));
+        let round = plan(&none, (1, 2), &[3, 1], &fresh, &model, &public, 4).unwrap();
+        assert!(round.phases[0].is_none());
+        assert!(matches!(
+            round.phases[1].as_ref().unwrap().target,
+            PublicTarget::Scores(_)
+        ));
     }
 }

@@ -6,11 +6,12 @@
 //! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`], [`fedasam`], [`moon`], [`clusamp`],
 //! [`fedgen`]; the personalised baselines [`perfedavg`], [`pfedme`], [`pfedbayes`]; and
 //! [`pfedclub`], personalised FL over heterogeneous models, with its heterogeneous baselines
-//! [`flexifed`], [`heterofl`], [`fedmd`] and [`fedgh`]. Methods that are
+//! [`flexifed`], [`heterofl`], [`fedmd`], [`fedgh`] and [`fccl`]. Methods that are
 //! FedAvg plus a client-side rule compose it with [`fedavg_with::FedAvgWith`]; the K-model
 //! methods (FedMR, FedCross, FedMut) share [`ModelSlots`].
 
 pub mod clusamp;
+pub mod fccl;
 pub mod fedasam;
 pub mod fedavg;
 pub mod fedavg_with;

@@ -23,7 +23,7 @@ pub use bayes::BayesStep;
 pub use meta::{LocalProcedure, MetaStep, combine, hessian_vector_product};
 pub use pfedme::MoreauStep;
 pub use prototypes::Prototypes;
-pub use public::{PublicPhase, PublicTarget};
+pub use public::{PublicPhase, PublicTarget, cross_correlation_loss};
 pub use sam::SharpnessAware;
 
 /// Hyper-parameters of local training.

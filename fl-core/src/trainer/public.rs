@@ -19,6 +19,63 @@ pub enum PublicTarget {
     /// Scores (logits) per sample, row-major `[samples, classes]`, with the mean absolute
     /// error (FedMD's digest of the consensus: Keras' `mean_absolute_error` on the logits).
     Scores(Vec<f32>),
+    /// Scores as above, fitted by FCCL's cross-correlation loss
+    /// ([`cross_correlation_loss`]).
+    CrossCorrelation {
+        /// The consensus scores, row-major `[samples, classes]`.
+        scores: Vec<f32>,
+        /// λ, the weight of the off-diagonal term.
+        off_diagonal: f64,
+        /// What the off-diagonal entries are pushed towards: 0 (the paper) or −1 (the
+        /// authors' code).
+        off_target: f64,
+    },
+}
+
+impl PublicTarget {
+    fn scores(&self) -> Option<&[f32]> {
+        match self {
+            Self::Labels => None,
+            Self::Scores(s) | Self::CrossCorrelation { scores: s, .. } => Some(s),
+        }
+    }
+}
+
+/// Each column of `z` (`[batch, classes]`) standardised over the batch (population variance,
+/// plus 1e-8 against constant columns).
+fn standardise(z: Tensor<2>) -> Tensor<2> {
+    let centred = z.clone() - z.mean_dim(0);
+    let var = centred.clone().powf_scalar(2.0).mean_dim(0);
+    centred / var.add_scalar(1e-8).sqrt()
+}
+
+/// FCCL's loss between a batch's logits and the consensus `target` (both `[B, C]`): with
+/// M = Z̃ᵀ T̃ / B the cross-correlation of the batch-standardised logits,
+/// Σᵢ (1 − Mᵢᵢ)² + λ Σᵢ≠ⱼ (Mᵢⱼ − `off_target`)². Its diagonal part is 0, its minimum, when the
+/// logits equal the consensus (Mᵢᵢ ≤ 1 by Cauchy–Schwarz).
+pub fn cross_correlation_loss(
+    logits: Tensor<2>,
+    target: Tensor<2>,
+    off_diagonal: f64,
+    off_target: f64,
+) -> Tensor<1> {
+    let [batch, classes] = logits.dims();
+    let device = logits.device();
+    let m = standardise(logits)
+        .transpose()
+        .matmul(standardise(target))
+        .div_scalar(batch as f64);
+    let eye: Vec<f32> = (0..classes * classes)
+        .map(|k| f32::from(u8::from(k % (classes + 1) == 0)))
+        .collect();
+    let eye = Tensor::<2>::from_data(TensorData::new(eye, [classes, classes]), &device);
+    let on = (m.clone().sub_scalar(1.0) * eye.clone())
+        .powf_scalar(2.0)
+        .sum();
+    let off = (m.sub_scalar(off_target) * eye.neg().add_scalar(1.0))
+        .powf_scalar(2.0)
+        .sum();
+    on + off.mul_scalar(off_diagonal)
 }
 
 /// A phase of Adam steps on public samples that runs before the client's private training.
@@ -39,7 +96,7 @@ pub struct PublicPhase {
 impl PublicPhase {
     /// Checks that the targets fit the samples.
     fn check(&self, classes: usize) -> Result<(), TrainError> {
-        if let PublicTarget::Scores(s) = &self.target
+        if let Some(s) = self.target.scores()
             && s.len() != self.samples.len() * classes
         {
             return Err(TrainError::Public(format!(
@@ -81,17 +138,30 @@ pub fn train<M: Classifier>(
             let indices: Vec<usize> = batch.iter().map(|&p| phase.samples[p]).collect();
             let (images, labels) = make_batch(data, norm, &indices, &device);
             let logits = model.forward(images);
-            let loss = match &phase.target {
-                PublicTarget::Labels => ce.forward(logits, labels),
-                PublicTarget::Scores(scores) => {
-                    let rows: Vec<f32> = batch
-                        .iter()
-                        .flat_map(|&p| scores[p * classes..(p + 1) * classes].iter().copied())
-                        .collect();
-                    let target =
-                        Tensor::from_data(TensorData::new(rows, [batch.len(), classes]), &device);
-                    (logits - target).abs().mean()
+            let target = phase.target.scores().map(|scores| {
+                let rows: Vec<f32> = batch
+                    .iter()
+                    .flat_map(|&p| scores[p * classes..(p + 1) * classes].iter().copied())
+                    .collect();
+                Tensor::<2>::from_data(TensorData::new(rows, [batch.len(), classes]), &device)
+            });
+            let loss = match (&phase.target, target) {
+                (PublicTarget::Scores(_), Some(target)) => (logits - target).abs().mean(),
+                (
+                    PublicTarget::CrossCorrelation {
+                        off_diagonal,
+                        off_target,
+                        ..
+                    },
+                    Some(target),
+                ) => {
+                    // A correlation needs two samples: a last batch of one is skipped.
+                    if batch.len() < 2 {
+                        continue;
+                    }
+                    cross_correlation_loss(logits, target, *off_diagonal, *off_target)
                 }
+                _ => ce.forward(logits, labels),
             };
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             losses.push(loss.detach());
@@ -158,6 +228,55 @@ mod tests {
             lr: 1e-2,
         };
         assert!(train(model, &labels, &data, &norm, (1, 1, 0)).unwrap().1 > 0.0);
+    }
+
+    #[test]
+    fn the_cross_correlation_loss_is_minimal_when_the_logits_equal_the_consensus() {
+        let d = crate::test_model::device();
+        let t = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [4, 3]), &d);
+        let consensus: Vec<f32> = vec![1., 0., 2., 3., 1., 0., 0., 2., 1., 2., 2., 3.];
+        let value = |l: Tensor<1>| l.into_scalar::<f32>();
+        // The diagonal term alone: 0 at equality, positive elsewhere.
+        let equal = value(cross_correlation_loss(
+            t(consensus.clone()),
+            t(consensus.clone()),
+            0.0,
+            0.0,
+        ));
+        assert!(equal.abs() < 1e-5, "{equal}");
+        let other: Vec<f32> = consensus.iter().rev().copied().collect();
+        assert!(
+            value(cross_correlation_loss(
+                t(other),
+                t(consensus.clone()),
+                0.0,
+                0.0
+            )) > 0.1
+        );
+        // Logits that are an affine image of the consensus per class correlate perfectly too.
+        let affine: Vec<f32> = consensus.iter().map(|x| 3.0 * x + 1.0).collect();
+        assert!(
+            value(cross_correlation_loss(
+                t(affine),
+                t(consensus.clone()),
+                0.0,
+                0.0
+            )) < 1e-5
+        );
+        // The off-diagonal term counts the classes' cross-correlations, towards 0 or -1.
+        let full = value(cross_correlation_loss(
+            t(consensus.clone()),
+            t(consensus.clone()),
+            1.0,
+            0.0,
+        ));
+        let towards = value(cross_correlation_loss(
+            t(consensus.clone()),
+            t(consensus),
+            1.0,
+            -1.0,
+        ));
+        assert!(full > 0.0 && towards != full);
     }
 
     #[test]

@@ -41,6 +41,7 @@ use super::{
 use crate::layers::{BlockSpec, ParamKind, ParamTable};
 use crate::model::BlockForward;
 use crate::rng::{Purpose, derive_seed};
+use crate::strategy::fccl::{self, FcclConfig};
 use crate::strategy::fedgh::{self, FedGhConfig};
 use crate::strategy::fedmd::{self, FedMdConfig};
 use crate::strategy::heterofl;
@@ -70,6 +71,9 @@ pub enum Method {
     /// HeteroFL's width-scaled sub-models of one global model
     /// ([`heterofl`](crate::strategy::heterofl)).
     HeteroFl,
+    /// FCCL's cross-correlation learning on unlabeled public data with non-forgetting
+    /// distillation ([`fccl`], settings in [`ClubConfig::fccl`]).
+    Fccl,
 }
 
 /// pFedClub's server settings.
@@ -99,6 +103,9 @@ pub struct ClubConfig {
     /// FedGH's settings (for [`Method::FedGh`]).
     #[serde(default)]
     pub fedgh: FedGhConfig,
+    /// FCCL's settings (for [`Method::Fccl`]).
+    #[serde(default)]
+    pub fccl: FcclConfig,
 }
 
 impl Default for ClubConfig {
@@ -121,6 +128,7 @@ impl Default for ClubConfig {
             },
             fedmd: FedMdConfig::default(),
             fedgh: FedGhConfig::default(),
+            fccl: FcclConfig::default(),
         }
     }
 }
@@ -159,6 +167,9 @@ impl ClubConfig {
         }
         if self.method == Method::FedGh {
             self.fedgh.validate()?;
+        }
+        if self.method == Method::Fccl {
+            self.fccl.validate()?;
         }
         if self.method == Method::FedMd {
             self.fedmd.validate()?;
@@ -226,6 +237,8 @@ pub struct PFedClub<'a, M: BlockForward> {
     server: Option<ParamTable>,
     /// The classes in each client's training data (HeteroFL's label split).
     client_classes: Vec<Vec<usize>>,
+    /// A second model kept per client: FCCL's intra-domain teacher (its pretrained model).
+    kept: BTreeMap<usize, ParamTable>,
 }
 
 /// A client's teacher and its size bookkeeping.
@@ -286,9 +299,9 @@ impl<'a, M: BlockForward> PFedClub<'a, M> {
         batch_size: usize,
     ) -> Result<Self, StrategyError> {
         club.validate().map_err(StrategyError::Config)?;
-        if club.method == Method::FedMd && public.samples.is_empty() {
+        if matches!(club.method, Method::FedMd | Method::Fccl) && public.samples.is_empty() {
             return Err(StrategyError::Config(
-                "FedMD needs public samples; use a public fraction > 0".into(),
+                "FedMD and FCCL need public samples; use a public fraction > 0".into(),
             ));
         }
         if club.method == Method::Reassembly && public.samples.len() < 2 {
@@ -319,6 +332,7 @@ impl<'a, M: BlockForward> PFedClub<'a, M> {
             plan_seconds: None,
             server: None,
             client_classes: Vec::new(),
+            kept: BTreeMap::new(),
         })
     }
 
@@ -422,14 +436,42 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
         }
         let sampled = ctx.sample_uniform();
         let fedmd = match self.club.method {
-            Method::FedMd => {
+            Method::FedMd | Method::Fccl => {
+                let fccl = self.club.method == Method::Fccl;
+                let cfg = match fccl {
+                    true => self.club.fccl.communication(),
+                    false => self.club.fedmd.clone(),
+                };
                 let model = |c: usize| Ok(self.tables[c].load_into((self.build)(c))?.valid());
-                let trained = |c: usize| self.rounds_trained[c] > 0;
+                let fresh =
+                    |c: usize| (fccl || cfg.transfer_epochs > 0) && self.rounds_trained[c] == 0;
                 let at = (self.seed, ctx.round);
-                let (cfg, batch) = (&self.club.fedmd, self.batch_size);
-                let plan = fedmd::plan(cfg, at, &sampled, &trained, &model, &self.public, batch)?;
+                let (public, batch) = (&self.public, self.batch_size);
+                let plan = fedmd::plan(&cfg, at, &sampled, &fresh, &model, public, batch)?;
                 self.plan_seconds = Some(plan.seconds);
-                Some(plan)
+                let objectives = match fccl {
+                    false => plan.objectives(),
+                    true => sampled
+                        .iter()
+                        .zip(&plan.phases)
+                        .map(|(&c, phase)| {
+                            let Some(phase) = phase else { return Ok(None) };
+                            let intra = self.kept.get(&c).ok_or_else(|| {
+                                StrategyError::Restore(format!(
+                                    "FCCL: client {c} has no pretrained model"
+                                ))
+                            })?;
+                            let teachers =
+                                vec![model(c)?, intra.load_into((self.build)(c))?.valid()];
+                            let client = fccl::FcclClient {
+                                phase: self.club.fccl.collaborative(phase.clone()),
+                                teachers,
+                            };
+                            Ok(Some(Arc::new(client) as Arc<dyn LocalObjective>))
+                        })
+                        .collect::<Result<_, StrategyError>>()?,
+                };
+                Some((plan, objectives))
             }
             _ => None,
         };
@@ -451,8 +493,8 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                     bytes_up: None,
                     state: None,
                 };
-                if let Some(plan) = &fedmd {
-                    instruction.objective = plan.objectives[i].clone();
+                if let Some((plan, objectives)) = &fedmd {
+                    instruction.objective = objectives[i].clone();
                     instruction.bytes_down = plan.bytes_down[i];
                     instruction.bytes_up = Some(plan.bytes_up[i]);
                 }
@@ -522,7 +564,13 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                     timer.elapsed().as_secs_f64().into(),
                 );
             }
-            Method::FedMd => {
+            Method::FedMd | Method::Fccl => {
+                // FCCL keeps a client's first model, trained on its own data alone.
+                if self.club.method == Method::Fccl {
+                    for u in &updates {
+                        self.kept.entry(u.client).or_insert_with(|| u.table.clone());
+                    }
+                }
                 let seconds = self.plan_seconds.take().unwrap_or(0.0);
                 extra.insert("scores_seconds".into(), seconds.into());
             }

@@ -28,6 +28,9 @@ pub(super) struct SavedState {
     /// Whether the server's own model (FedGH's header, HeteroFL's global model) follows, last.
     #[serde(default)]
     server: bool,
+    /// The clients whose second kept model (FCCL's intra-domain teacher) follows, in order.
+    #[serde(default)]
+    kept: Vec<usize>,
 }
 
 fn parse(extra: &serde_json::Value) -> Result<SavedState, StrategyError> {
@@ -76,6 +79,10 @@ impl<M: BlockForward> PFedClub<'_, M> {
             slots.push(server.clone());
             state.server = true;
         }
+        for (&c, table) in &self.kept {
+            slots.push(table.clone());
+            state.kept.push(c);
+        }
         StrategyState {
             tables: slots,
             extra: serde_json::to_value(&state).expect("state serialises"),
@@ -118,6 +125,10 @@ impl<M: BlockForward> PFedClub<'_, M> {
             return Ok(ParamTable::from_module(&(self.build)(client)));
         }
         let teachers = state.teachers.iter().flatten().count();
+        let before_kept = state.sources.len() + teachers + usize::from(state.server);
+        if let Some(&client) = s.checked_sub(before_kept).and_then(|k| state.kept.get(k)) {
+            return Ok(self.tables[client].clone());
+        }
         if state.server && s == state.sources.len() + teachers {
             return self.server.clone().ok_or_else(|| {
                 StrategyError::Restore("the checkpoint holds a server model, this run none".into())
@@ -185,6 +196,10 @@ impl<M: BlockForward> PFedClub<'_, M> {
         }
         if state.server {
             self.server = Some(slots.next().ok_or_else(missing)?);
+        }
+        self.kept.clear();
+        for &c in &state.kept {
+            self.kept.insert(c, slots.next().ok_or_else(missing)?);
         }
         self.rounds_trained = state.rounds_trained;
         self.phis = state.phis;
