@@ -499,7 +499,7 @@ fn fedmd_collaborates_through_scores_only_and_resumes_exactly() {
     for (bad, expected) in [
         ("--public unlabeled", "needs labeled public data"),
         ("--alignment 0", "at least 1 alignment sample"),
-        ("--public-fraction 0", "FedMD needs public samples"),
+        ("--public-fraction 0", "FedMD and FCCL need public samples"),
     ] {
         fails(
             &words(&format!(
