@@ -160,6 +160,7 @@ fn measure<M: Classifier>(
                 seed: 1,
                 objective: None,
                 state: None,
+                personal_template: None,
             },
             cfg,
         )

@@ -646,3 +646,58 @@ fn fccl_learns_from_public_scores_without_labels_and_resumes_exactly() {
         );
     }
 }
+
+#[test]
+fn fedkemf_shares_only_a_knowledge_network_and_resumes_exactly() {
+    let dir = tmp();
+    let line = "pfedclub --variant fedkemf --public unlabeled --zoo III --clients 6 --sample 3 \
+        --local-epochs 1 --max-samples 1500 --fusion-batch 32 --quiet";
+    let (full, resumed) = (dir.path().join("full"), dir.path().join("resumed"));
+    for (out, rounds) in [(&full, "3"), (&resumed, "2")] {
+        let o = fl_line(line, &["--out", out.to_str().unwrap(), "--rounds", rounds]);
+        assert!(o.status.success(), "{line}: {}", stderr(&o));
+    }
+    let r = resumed.display().to_string();
+    let o = fl(&["pfedclub", "--resume", &r, "--rounds", "3", "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = metrics(&full);
+    assert_eq!(m, metrics(&resumed));
+    let w = weights(&full);
+    assert_eq!(w, weights(&resumed));
+    // Only the knowledge network (a CNN1) travels, both ways, whatever the client's model.
+    let cnn1_bytes: usize = w
+        .iter()
+        .filter(|(k, _)| k.starts_with("0/"))
+        .map(|(_, v)| v.len())
+        .sum();
+    for l in &m {
+        assert_eq!(
+            l["bytes_down"].as_u64().unwrap() as usize,
+            3 * cnn1_bytes,
+            "{l}"
+        );
+        assert_eq!(
+            l["bytes_up"].as_u64().unwrap() as usize,
+            3 * cnn1_bytes,
+            "{l}"
+        );
+        assert!(l["client_acc"].as_array().is_some_and(|a| a.len() == 6));
+    }
+    for (bad, expected) in [
+        (
+            "--knowledge-net resnet20",
+            "--knowledge-net must be a zoo architecture",
+        ),
+        (
+            "--fusion-lr 0",
+            "fusion learning rate and temperature must be positive",
+        ),
+    ] {
+        fails(
+            &words(&format!(
+                "pfedclub --variant fedkemf {bad} --rounds 1 --quiet"
+            )),
+            expected,
+        );
+    }
+}

@@ -262,6 +262,7 @@ impl<M: Classifier> Evaluator for EngineEvaluator<'_, '_, M> {
             seed: sim.config.seed,
             objective: None,
             state: None,
+            personal_template: None,
         };
         self.pool.install(|| {
             models
@@ -480,7 +481,8 @@ impl<M: Classifier> Simulation<'_, M> {
                 .into_iter()
                 .zip(&objectives)
                 .map(|(c, objective)| LocalTask {
-                    template: self.template(c.client),
+                    template: self.template(c.start_architecture.unwrap_or(c.client)),
+                    personal_template: c.start_architecture.map(|_| self.template(c.client)),
                     start: c.start,
                     data: &self.data.train,
                     norm: &self.data.normalization,

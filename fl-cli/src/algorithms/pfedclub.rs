@@ -5,6 +5,7 @@ use anyhow::bail;
 use clap::{Args, ValueEnum};
 use fl_core::strategy::fccl::FcclConfig;
 use fl_core::strategy::fedgh::FedGhConfig;
+use fl_core::strategy::fedkemf::FedKemfConfig;
 use fl_core::strategy::fedmd::FedMdConfig;
 use fl_core::strategy::flexifed::CommonRule;
 use fl_core::strategy::pfedclub::cmsr::{Anchor, SearchRules};
@@ -52,6 +53,9 @@ pub enum Variant {
     /// FCCL: cross-correlation learning on the (unlabeled) public set, then private training
     /// with non-forgetting distillation.
     Fccl,
+    /// FedKEMF: a shared knowledge network learned mutually with each client's model, fused on
+    /// the server by ensemble distillation on the (unlabeled) public set.
+    Fedkemf,
 }
 
 impl Variant {
@@ -69,6 +73,7 @@ impl Variant {
             Self::Fedgh => "fedgh",
             Self::Heterofl => "heterofl",
             Self::Fccl => "fccl",
+            Self::Fedkemf => "fedkemf",
         }
     }
 }
@@ -183,6 +188,18 @@ pub struct PfedclubSettings {
     /// FCCL: push off-diagonal correlations towards -1 as the authors' code does (the paper: 0).
     #[arg(long)]
     pub authors_off_diagonal: bool,
+    /// FedKEMF: the knowledge network's architecture (a zoo model, small: it is what travels).
+    #[arg(long, value_parser = parse_name::<ModelKind>, default_value = "cnn1")]
+    pub knowledge_net: ModelKind,
+    /// FedKEMF: passes of the server's ensemble distillation over the public set (0: average).
+    #[arg(long, default_value_t = 1)]
+    pub fusion_epochs: usize,
+    /// FedKEMF: batch size of the ensemble distillation.
+    #[arg(long, default_value_t = 64)]
+    pub fusion_batch: usize,
+    /// FedKEMF: Adam's step size in the ensemble distillation.
+    #[arg(long, default_value_t = 1e-3)]
+    pub fusion_lr: f64,
 }
 
 defaults_from_flags!(PfedclubSettings);
@@ -206,6 +223,7 @@ impl PfedclubSettings {
             Variant::Fedgh => (Method::FedGh, SearchRules::PFEDCLUB),
             Variant::Heterofl => (Method::HeteroFl, SearchRules::PFEDCLUB),
             Variant::Fccl => (Method::Fccl, SearchRules::PFEDCLUB),
+            Variant::Fedkemf => (Method::FedKemf, SearchRules::PFEDCLUB),
         };
         rules.anchor = self.anchor;
         rules.ordered &= !self.no_order;
@@ -244,6 +262,12 @@ impl PfedclubSettings {
                 off_diagonal: self.off_diagonal,
                 authors_off_diagonal: self.authors_off_diagonal,
             },
+            fedkemf: FedKemfConfig {
+                fusion_epochs: self.fusion_epochs,
+                fusion_batch: self.fusion_batch,
+                fusion_lr: self.fusion_lr,
+                ..FedKemfConfig::default()
+            },
         }
     }
 }
@@ -271,6 +295,17 @@ impl PfedclubSettings {
     /// Every client's architecture (checked against `--representation` and HeteroFL's needs).
     pub fn architectures(&self, run: &RunSettings) -> anyhow::Result<Vec<ModelKind>> {
         let kinds = self.zoo_architectures(run)?;
+        if self.variant == Variant::Fedkemf
+            && !ModelZoo::I
+                .members()
+                .iter()
+                .any(|&(k, _)| k == self.knowledge_net)
+        {
+            bail!(
+                "--knowledge-net must be a zoo architecture (cnn1-cnn4, mobilenet-v1/v2/v3), not {}",
+                self.knowledge_net.name()
+            );
+        }
         if self.variant == Variant::Heterofl {
             if !kinds
                 .iter()
@@ -381,7 +416,12 @@ pub fn run_one(
     let (shape, classes) = (pooled.image_shape(), pooled.num_classes());
     let width = setup.representation();
     let heterofl = setup.variant == Variant::Heterofl;
+    let knowledge_net = setup.knowledge_net;
     let build = |client: usize| match width {
+        // FedKEMF's knowledge network is the extra architecture after the clients'.
+        _ if client >= kinds.len() => {
+            ZooModel::new(knowledge_net, shape, classes, &ad).expect("checked by architectures()")
+        }
         Some(w) => ZooModel::with_representation(kinds[client], shape, classes, w, &ad)
             .expect("checked by architectures()"),
         None if heterofl => {

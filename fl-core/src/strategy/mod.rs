@@ -6,8 +6,8 @@
 //! [`scaffold`], [`fedavgm`], [`fedexp`], [`fedmut`], [`fedasam`], [`moon`], [`clusamp`],
 //! [`fedgen`]; the personalised baselines [`perfedavg`], [`pfedme`], [`pfedbayes`]; and
 //! [`pfedclub`], personalised FL over heterogeneous models, with its heterogeneous baselines
-//! [`flexifed`], [`heterofl`], [`fedmd`], [`fedgh`] and [`fccl`]. Methods that are
-//! FedAvg plus a client-side rule compose it with [`fedavg_with::FedAvgWith`]; the K-model
+//! [`flexifed`], [`heterofl`], [`fedmd`], [`fedgh`], [`fccl`] and [`fedkemf`]. Methods that
+//! are FedAvg plus a client-side rule compose it with [`fedavg_with::FedAvgWith`]; the K-model
 //! methods (FedMR, FedCross, FedMut) share [`ModelSlots`].
 
 pub mod clusamp;
@@ -20,6 +20,7 @@ pub mod fedcross;
 pub mod fedexp;
 pub mod fedgen;
 pub mod fedgh;
+pub mod fedkemf;
 pub mod fedmd;
 pub mod fedmr;
 pub mod fedmut;
@@ -148,6 +149,9 @@ pub struct ClientInstruction {
     /// scores on the public samples); `None`: the trained model's size. Reported prototypes
     /// (FedGH) are counted on top.
     pub bytes_up: Option<usize>,
+    /// The client whose architecture `start` has, when not this client's own (FedKEMF's
+    /// knowledge network: the extra architecture `build(num_clients)`); `None`: its own.
+    pub start_architecture: Option<usize>,
     /// What the client kept from its last round, which the strategy holds on its behalf
     /// (pFedBayes' personalised posterior); it never travels, so it is not in `bytes_down`.
     pub state: Option<ParamTable>,
@@ -176,6 +180,7 @@ impl RoundPlan {
                 start,
                 objective: None,
                 bytes_up: None,
+                start_architecture: None,
                 state: None,
             })
             .collect();

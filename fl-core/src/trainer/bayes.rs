@@ -297,6 +297,7 @@ mod tests {
             seed: 4,
             objective: None,
             state: None,
+            personal_template: None,
         };
         let cfg = TrainConfig {
             local_epochs: 2,

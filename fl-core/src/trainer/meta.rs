@@ -32,6 +32,9 @@ pub enum LocalProcedure {
     /// pFedBayes' variational steps ([`BayesStep`](super::BayesStep)): the client trains its
     /// personalised posterior and its copy of the global one.
     PFedBayes(super::BayesStep),
+    /// Deep mutual learning of the received model and the client's own (its state): each on
+    /// cross-entropy plus KL towards the other's predictions (FedKEMF).
+    Mutual,
 }
 
 /// The settings of a Per-FedAvg step.
@@ -170,6 +173,7 @@ mod tests {
             seed: 9,
             objective: None,
             state: None,
+            personal_template: None,
         };
         let cfg = TrainConfig {
             local_epochs: 2,

@@ -3,7 +3,7 @@
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamConfig, GradientsParams, SgdConfig};
+use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use fl_data::{Dataset, Normalization};
 use rand::seq::SliceRandom;
@@ -15,6 +15,7 @@ use crate::strategy::heterofl::class_mask;
 
 mod bayes;
 mod meta;
+mod mutual;
 mod pfedme;
 mod prototypes;
 mod public;
@@ -110,6 +111,7 @@ impl TrainConfig {
             LocalProcedure::PerFedAvg(meta) => meta.validate()?,
             LocalProcedure::PFedMe(moreau) => moreau.validate()?,
             LocalProcedure::PFedBayes(bayes) => bayes.validate()?,
+            LocalProcedure::Mutual => {}
         }
         if self.procedure != LocalProcedure::Sgd && self.sharpness.is_some() {
             return Err("sharpness-aware steps combine only with plain local steps".into());
@@ -287,9 +289,12 @@ pub struct LocalTask<'a, M> {
     pub seed: u64,
     /// Optional extra loss term.
     pub objective: Option<&'a dyn LocalObjective>,
-    /// What the client kept from its last round (pFedBayes' personalised posterior), held by
-    /// the strategy on its behalf; `None` for stateless clients.
+    /// What the client kept from its last round (pFedBayes' personalised posterior, FedKEMF's
+    /// personal model), held by the strategy on its behalf; `None` for stateless clients.
     pub state: Option<ParamTable>,
+    /// The client's own architecture on the autodiff device, when `start` is another one
+    /// (FedKEMF: the knowledge network starts, the personal model is the state).
+    pub personal_template: Option<M>,
 }
 
 /// Trains a model on one client's samples and returns the result as a table.
@@ -311,8 +316,28 @@ pub fn train_local<M: Classifier>(
     );
     with_forward_stream(forward_seed, || match &cfg.procedure {
         LocalProcedure::PFedBayes(step) => bayes::train(task, step, cfg),
+        LocalProcedure::Mutual => mutual::train(task, cfg),
         _ => train_steps(task, cfg),
     })
+}
+
+/// The run's local optimiser (SGD with momentum, dampening 0 as PyTorch, or Adam), fresh.
+fn local_optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
+    let decay = (cfg.weight_decay > 0.0).then(|| WeightDecayConfig::new(cfg.weight_decay as f32));
+    match cfg.optimizer {
+        LocalOptimizer::Sgd => SgdConfig::new()
+            .with_momentum((cfg.momentum > 0.0).then(|| {
+                MomentumConfig::new()
+                    .with_momentum(cfg.momentum)
+                    .with_dampening(0.0)
+            }))
+            .with_weight_decay(decay)
+            .init(),
+        LocalOptimizer::Adam => AdamConfig::new()
+            .with_epsilon(1e-8)
+            .with_weight_decay(decay)
+            .init(),
+    }
 }
 
 /// The body of [`train_local`], run with the client's forward-pass stream installed.
@@ -326,21 +351,7 @@ fn train_steps<M: Classifier>(
         model = public::train(model, phase, task.data, task.norm, at)?.0;
     }
     let device = model_device(&model);
-    let decay = (cfg.weight_decay > 0.0).then(|| WeightDecayConfig::new(cfg.weight_decay as f32));
-    let mut optim = match cfg.optimizer {
-        LocalOptimizer::Sgd => SgdConfig::new()
-            .with_momentum((cfg.momentum > 0.0).then(|| {
-                MomentumConfig::new()
-                    .with_momentum(cfg.momentum)
-                    .with_dampening(0.0)
-            }))
-            .with_weight_decay(decay)
-            .init(),
-        LocalOptimizer::Adam => AdamConfig::new()
-            .with_epsilon(1e-8)
-            .with_weight_decay(decay)
-            .init(),
-    };
+    let mut optim = local_optimizer(cfg);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let references: Vec<M> = match task.objective {
         Some(objective) => objective
@@ -424,8 +435,8 @@ fn train_steps<M: Classifier>(
                     epoch_losses.push(loss);
                     continue;
                 }
-                LocalProcedure::PFedBayes(_) => {
-                    unreachable!("train_local runs pFedBayes' own loop")
+                LocalProcedure::PFedBayes(_) | LocalProcedure::Mutual => {
+                    unreachable!("train_local runs pFedBayes' and mutual learning's own loops")
                 }
             };
             epoch_losses.push(loss.detach());

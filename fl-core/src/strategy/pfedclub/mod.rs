@@ -43,9 +43,10 @@ use crate::model::BlockForward;
 use crate::rng::{Purpose, derive_seed};
 use crate::strategy::fccl::{self, FcclConfig};
 use crate::strategy::fedgh::{self, FedGhConfig};
+use crate::strategy::fedkemf::{self, FedKemfConfig};
 use crate::strategy::fedmd::{self, FedMdConfig};
 use crate::strategy::heterofl;
-use crate::trainer::{LocalObjective, LocalUpdate};
+use crate::trainer::{LocalObjective, LocalProcedure, LocalUpdate};
 use cmsr::SearchRules;
 use stitch::{StitchTraining, Teacher};
 
@@ -74,6 +75,9 @@ pub enum Method {
     /// FCCL's cross-correlation learning on unlabeled public data with non-forgetting
     /// distillation ([`fccl`], settings in [`ClubConfig::fccl`]).
     Fccl,
+    /// FedKEMF's shared knowledge network, learned mutually with each client's model and fused
+    /// on the server ([`fedkemf`], settings in [`ClubConfig::fedkemf`]).
+    FedKemf,
 }
 
 /// pFedClub's server settings.
@@ -106,6 +110,9 @@ pub struct ClubConfig {
     /// FCCL's settings (for [`Method::Fccl`]).
     #[serde(default)]
     pub fccl: FcclConfig,
+    /// FedKEMF's settings (for [`Method::FedKemf`]).
+    #[serde(default)]
+    pub fedkemf: FedKemfConfig,
 }
 
 impl Default for ClubConfig {
@@ -129,6 +136,7 @@ impl Default for ClubConfig {
             fedmd: FedMdConfig::default(),
             fedgh: FedGhConfig::default(),
             fccl: FcclConfig::default(),
+            fedkemf: FedKemfConfig::default(),
         }
     }
 }
@@ -170,6 +178,9 @@ impl ClubConfig {
         }
         if self.method == Method::Fccl {
             self.fccl.validate()?;
+        }
+        if self.method == Method::FedKemf {
+            self.fedkemf.validate()?;
         }
         if self.method == Method::FedMd {
             self.fedmd.validate()?;
@@ -401,6 +412,11 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
             }
             self.server = Some(fedgh::header_of(&tables[0])?);
         }
+        if self.club.method == Method::FedKemf {
+            // The knowledge network: the extra architecture `build(n)`, seeded as a client n.
+            device.seed(derive_seed(self.seed, Purpose::Init, 0, n as u64));
+            self.server = Some(ParamTable::from_module(&(self.build)(n)));
+        }
         if self.club.method == Method::HeteroFl {
             if self.client_classes.len() != n {
                 return Err(StrategyError::Config(
@@ -491,6 +507,7 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                     bytes_down: self.tables[client].byte_size() * usize::from(sends_model)
                         + teacher.map_or(0, |t| t.bytes),
                     bytes_up: None,
+                    start_architecture: None,
                     state: None,
                 };
                 if let Some((plan, objectives)) = &fedmd {
@@ -502,6 +519,13 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                     instruction.objective = Some(Arc::new(heterofl::MaskedLoss));
                     instruction.bytes_down = instruction.start.byte_size();
                 }
+                if let (Method::FedKemf, Some(network)) = (self.club.method, &self.server) {
+                    // The knowledge network goes out; the client's own model stays with it.
+                    instruction.state =
+                        Some(std::mem::replace(&mut instruction.start, network.clone()));
+                    instruction.start_architecture = Some(self.num_clients);
+                    instruction.bytes_down = network.byte_size();
+                }
                 if let (Method::FedGh, Some(header)) = (self.club.method, &self.server) {
                     // FedGH: the global header replaces the client's; prototypes go up.
                     instruction.start = fedgh::with_header(&instruction.start, header)?;
@@ -512,10 +536,11 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                 Ok(instruction)
             })
             .collect::<Result<_, StrategyError>>()?;
-        Ok(RoundPlan {
-            clients,
-            train: ctx.train.clone(),
-        })
+        let mut train = ctx.train.clone();
+        if self.club.method == Method::FedKemf {
+            train.procedure = LocalProcedure::Mutual;
+        }
+        Ok(RoundPlan { clients, train })
     }
 
     fn aggregate(&mut self, at: ServerRound<'_>, updates: Vec<LocalUpdate>) -> Result<Metrics> {
@@ -523,12 +548,30 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
         let clients: Vec<usize> = updates.iter().map(|u| u.client).collect();
         for u in &updates {
             self.rounds_trained[u.client] += 1;
-            self.tables[u.client] = self.tables[u.client].with_values(u.table.values().to_vec())?;
+            // FedKEMF uploads the knowledge network; the client's own model is its state.
+            let own = match (self.club.method, &u.state) {
+                (Method::FedKemf, Some(state)) => state,
+                _ => &u.table,
+            };
+            self.tables[u.client] = self.tables[u.client].with_values(own.values().to_vec())?;
         }
         let mut changed = clients.clone();
         let mut extra = Metrics::new();
         match self.club.method {
             Method::Local => {}
+            Method::FedKemf => {
+                let timer = Instant::now();
+                let uploads: Vec<ParamTable> = updates.iter().map(|u| u.table.clone()).collect();
+                let weights: Vec<f64> = updates.iter().map(|u| u.num_samples as f64).collect();
+                let template = (self.build)(self.num_clients);
+                let cfg = &self.club.fedkemf;
+                let fused = fedkemf::fuse(&uploads, &weights, template, &self.public, cfg, rng)?;
+                self.server = Some(fused);
+                extra.insert(
+                    "fusion_seconds".into(),
+                    timer.elapsed().as_secs_f64().into(),
+                );
+            }
             Method::HeteroFl => {
                 let global = self.server.as_ref().ok_or(StrategyError::NotInitialised)?;
                 let uploads: Vec<heterofl::Upload<'_>> = updates
