@@ -72,6 +72,7 @@ fn client_task<'a, M>(
         seed,
         objective,
         state: None,
+        personal_template: None,
     }
 }
 
