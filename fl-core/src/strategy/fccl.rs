@@ -11,7 +11,7 @@
 //!   round's collaborative update (the end of its last round), and the *intra-domain* one, its
 //!   model pretrained on its own data.
 //!
-//! Communication is FedMD's ([`fedmd::plan`]): the sampled clients' scores on a fresh
+//! Communication is FedMD's ([`fedmd::plan`](super::fedmd::plan)): the sampled clients' scores on a fresh
 //! alignment draw of the public set, averaged by the server (computed from their kept models
 //! at the start of the round, where the authors average batch by batch as the models move). A
 //! client's first round is its pretraining (plain local training); its result is kept as its

@@ -4,7 +4,7 @@
 //!
 //! - A client of rate r receives the global model's *leading corner*: the first ⌈r·w⌉
 //!   channels or units of every hidden layer (the input channels and the classes stay), which
-//!   is exactly its own model's shape ([`slice`]).
+//!   is exactly its own model's shape ([`slice()`]).
 //! - The server averages every parameter entry over the round's clients holding it, unweighted
 //!   (the authors' code); an entry no client held keeps its value; entries of the output layer
 //!   count only for the classes in the client's data (the authors' label split)

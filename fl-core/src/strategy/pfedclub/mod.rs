@@ -70,7 +70,7 @@ pub enum Method {
     /// ([`fedgh`], settings in [`ClubConfig::fedgh`]).
     FedGh,
     /// HeteroFL's width-scaled sub-models of one global model
-    /// ([`heterofl`](crate::strategy::heterofl)).
+    /// ([`heterofl`]).
     HeteroFl,
     /// FCCL's cross-correlation learning on unlabeled public data with non-forgetting
     /// distillation ([`fccl`], settings in [`ClubConfig::fccl`]).
