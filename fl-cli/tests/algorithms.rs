@@ -468,17 +468,7 @@ fn fedmd_collaborates_through_scores_only_and_resumes_exactly() {
     let dir = tmp();
     let line = "pfedclub --variant fedmd --zoo III --clients 6 --sample 3 --local-epochs 1 \
         --max-samples 1500 --alignment 64 --transfer-epochs 1 --quiet";
-    let (full, resumed) = (dir.path().join("full"), dir.path().join("resumed"));
-    for (out, rounds) in [(&full, "3"), (&resumed, "2")] {
-        let o = fl_line(line, &["--out", out.to_str().unwrap(), "--rounds", rounds]);
-        assert!(o.status.success(), "{line}: {}", stderr(&o));
-    }
-    let r = resumed.display().to_string();
-    let o = fl(&["pfedclub", "--resume", &r, "--rounds", "3", "--quiet"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let m = metrics(&full);
-    assert_eq!(m, metrics(&resumed));
-    assert_eq!(weights(&full), weights(&resumed));
+    let (m, _w) = runs_and_resumes_exactly(dir.path(), line);
     // Round 1: every client is new and only learns from the public set; no bytes travel.
     assert_eq!(
         (m[0]["bytes_up"].as_u64(), m[0]["bytes_down"].as_u64()),
@@ -515,17 +505,7 @@ fn fedgh_shares_a_header_trained_on_prototypes_and_resumes_exactly() {
     let dir = tmp();
     let line = "pfedclub --variant fedgh --zoo III --clients 6 --sample 3 --local-epochs 1 \
         --max-samples 1500 --representation 64 --quiet";
-    let (full, resumed) = (dir.path().join("full"), dir.path().join("resumed"));
-    for (out, rounds) in [(&full, "3"), (&resumed, "2")] {
-        let o = fl_line(line, &["--out", out.to_str().unwrap(), "--rounds", rounds]);
-        assert!(o.status.success(), "{line}: {}", stderr(&o));
-    }
-    let r = resumed.display().to_string();
-    let o = fl(&["pfedclub", "--resume", &r, "--rounds", "3", "--quiet"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let m = metrics(&full);
-    assert_eq!(m, metrics(&resumed));
-    assert_eq!(weights(&full), weights(&resumed));
+    let (m, _w) = runs_and_resumes_exactly(dir.path(), line);
     // Down: the header (64 × 10 + 10 floats) per client; up: a 64-float prototype and its
     // label per class a client holds (2 classes per client, pathological).
     for l in &m {
@@ -559,17 +539,7 @@ fn heterofl_clients_hold_corners_of_one_global_model_and_resume_exactly() {
     let dir = tmp();
     let line = "pfedclub --variant heterofl --model cnn2 --clients 6 --sample 3 --local-epochs 1 \
         --max-samples 1500 --rates 1,0.5,0.25 --quiet";
-    let (full, resumed) = (dir.path().join("full"), dir.path().join("resumed"));
-    for (out, rounds) in [(&full, "3"), (&resumed, "2")] {
-        let o = fl_line(line, &["--out", out.to_str().unwrap(), "--rounds", rounds]);
-        assert!(o.status.success(), "{line}: {}", stderr(&o));
-    }
-    let r = resumed.display().to_string();
-    let o = fl(&["pfedclub", "--resume", &r, "--rounds", "3", "--quiet"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(metrics(&full), metrics(&resumed));
-    let w = weights(&full);
-    assert_eq!(w, weights(&resumed));
+    let (_m, w) = runs_and_resumes_exactly(dir.path(), line);
     // Clients 0-1 at rate 1, 2-3 at 1/2, 4-5 at 1/4: conv1 has 32, 16 and 8 filters of 1×5×5,
     // and every client's are the first of the global model's (client 0's, after the round).
     let conv1 = |c: usize| w[&format!("{c}/Stacked.convs.0.conv.weight")].clone();
@@ -600,17 +570,7 @@ fn fccl_learns_from_public_scores_without_labels_and_resumes_exactly() {
     let dir = tmp();
     let line = "pfedclub --variant fccl --public unlabeled --zoo III --clients 6 --sample 3 \
         --local-epochs 1 --max-samples 1500 --alignment 64 --col-batch 32 --quiet";
-    let (full, resumed) = (dir.path().join("full"), dir.path().join("resumed"));
-    for (out, rounds) in [(&full, "3"), (&resumed, "2")] {
-        let o = fl_line(line, &["--out", out.to_str().unwrap(), "--rounds", rounds]);
-        assert!(o.status.success(), "{line}: {}", stderr(&o));
-    }
-    let r = resumed.display().to_string();
-    let o = fl(&["pfedclub", "--resume", &r, "--rounds", "3", "--quiet"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let m = metrics(&full);
-    assert_eq!(m, metrics(&resumed));
-    assert_eq!(weights(&full), weights(&resumed));
+    let (m, _w) = runs_and_resumes_exactly(dir.path(), line);
     // Round 1 is every client's pretraining; later, scores travel, never a model.
     assert_eq!(m[0]["bytes_up"], 0);
     let scores = 4 * 64 * 10;
@@ -652,18 +612,7 @@ fn fedkemf_shares_only_a_knowledge_network_and_resumes_exactly() {
     let dir = tmp();
     let line = "pfedclub --variant fedkemf --public unlabeled --zoo III --clients 6 --sample 3 \
         --local-epochs 1 --max-samples 1500 --fusion-batch 32 --quiet";
-    let (full, resumed) = (dir.path().join("full"), dir.path().join("resumed"));
-    for (out, rounds) in [(&full, "3"), (&resumed, "2")] {
-        let o = fl_line(line, &["--out", out.to_str().unwrap(), "--rounds", rounds]);
-        assert!(o.status.success(), "{line}: {}", stderr(&o));
-    }
-    let r = resumed.display().to_string();
-    let o = fl(&["pfedclub", "--resume", &r, "--rounds", "3", "--quiet"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let m = metrics(&full);
-    assert_eq!(m, metrics(&resumed));
-    let w = weights(&full);
-    assert_eq!(w, weights(&resumed));
+    let (m, w) = runs_and_resumes_exactly(dir.path(), line);
     // Only the knowledge network (a CNN1) travels, both ways, whatever the client's model.
     let cnn1_bytes: usize = w
         .iter()
@@ -700,4 +649,27 @@ fn fedkemf_shares_only_a_knowledge_network_and_resumes_exactly() {
             expected,
         );
     }
+}
+
+/// `line` run for 3 rounds, and for 2 then resumed to 3, under `dir`: the metrics and weights of
+/// both, asserted equal.
+fn runs_and_resumes_exactly(
+    dir: &std::path::Path,
+    line: &str,
+) -> (
+    Vec<serde_json::Value>,
+    std::collections::BTreeMap<String, Vec<u8>>,
+) {
+    let (full, resumed) = (dir.join("full"), dir.join("resumed"));
+    for (out, rounds) in [(&full, "3"), (&resumed, "2")] {
+        let o = fl_line(line, &["--out", out.to_str().unwrap(), "--rounds", rounds]);
+        assert!(o.status.success(), "{line}: {}", stderr(&o));
+    }
+    let r = resumed.display().to_string();
+    let o = fl(&["pfedclub", "--resume", &r, "--rounds", "3", "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (m, w) = (metrics(&full), weights(&full));
+    assert_eq!(m, metrics(&resumed), "{line}");
+    assert_eq!(w, weights(&resumed), "{line}");
+    (m, w)
 }

@@ -37,6 +37,22 @@ pub struct NotInZoo(pub ModelKind);
 )]
 pub struct FixedRepresentation(pub ModelKind);
 
+/// The configuration of CNN1–CNN4 (`None` for other architectures).
+fn stacked_config(
+    kind: ModelKind,
+    input_shape: [usize; 3],
+    num_classes: usize,
+) -> Option<StackedCnnConfig> {
+    let preset = match kind {
+        ModelKind::Cnn1 => StackedCnnConfig::cnn1,
+        ModelKind::Cnn2 => StackedCnnConfig::cnn2,
+        ModelKind::Cnn3 => StackedCnnConfig::cnn3,
+        ModelKind::Cnn4 => StackedCnnConfig::cnn4,
+        _ => return None,
+    };
+    Some(preset(input_shape, num_classes))
+}
+
 impl ZooModel {
     /// Builds a zoo model of architecture `kind` (weights from the device's RNG).
     pub fn new(
@@ -45,32 +61,21 @@ impl ZooModel {
         num_classes: usize,
         device: &Device,
     ) -> Result<Self, NotInZoo> {
+        if let Some(cfg) = stacked_config(kind, input_shape, num_classes) {
+            return Ok(Self::Stacked(cfg.init(device)));
+        }
         let mobile = MobileNetConfig {
             input_shape,
             num_classes,
         };
         Ok(match kind {
-            ModelKind::Cnn1 => {
-                Self::Stacked(StackedCnnConfig::cnn1(input_shape, num_classes).init(device))
-            }
-            ModelKind::Cnn2 => {
-                Self::Stacked(StackedCnnConfig::cnn2(input_shape, num_classes).init(device))
-            }
-            ModelKind::Cnn3 => {
-                Self::Stacked(StackedCnnConfig::cnn3(input_shape, num_classes).init(device))
-            }
-            ModelKind::Cnn4 => {
-                Self::Stacked(StackedCnnConfig::cnn4(input_shape, num_classes).init(device))
-            }
             ModelKind::MobilenetV1 => Self::Mobile(mobile.init_v1(device)),
             ModelKind::MobilenetV2 => Self::Mobile(mobile.init_v2(device)),
             ModelKind::MobilenetV3 => Self::Mobile(mobile.init_v3(device)),
             other => return Err(NotInZoo(other)),
         })
     }
-}
 
-impl ZooModel {
     /// Like [`new`](Self::new), every hidden layer `rate` times as wide and HeteroFL's scaler
     /// (a width-`rate` sub-model of the full architecture). CNN1–CNN4 only.
     pub fn scaled(
@@ -80,13 +85,8 @@ impl ZooModel {
         rate: f64,
         device: &Device,
     ) -> Result<Self, FixedRepresentation> {
-        let cfg = match kind {
-            ModelKind::Cnn1 => StackedCnnConfig::cnn1(input_shape, num_classes),
-            ModelKind::Cnn2 => StackedCnnConfig::cnn2(input_shape, num_classes),
-            ModelKind::Cnn3 => StackedCnnConfig::cnn3(input_shape, num_classes),
-            ModelKind::Cnn4 => StackedCnnConfig::cnn4(input_shape, num_classes),
-            other => return Err(FixedRepresentation(other)),
-        };
+        let cfg =
+            stacked_config(kind, input_shape, num_classes).ok_or(FixedRepresentation(kind))?;
         Ok(Self::Stacked(
             cfg.scaled(rate).init(device).with_scaler(rate),
         ))
@@ -101,13 +101,8 @@ impl ZooModel {
         width: usize,
         device: &Device,
     ) -> Result<Self, FixedRepresentation> {
-        let cfg = match kind {
-            ModelKind::Cnn1 => StackedCnnConfig::cnn1(input_shape, num_classes),
-            ModelKind::Cnn2 => StackedCnnConfig::cnn2(input_shape, num_classes),
-            ModelKind::Cnn3 => StackedCnnConfig::cnn3(input_shape, num_classes),
-            ModelKind::Cnn4 => StackedCnnConfig::cnn4(input_shape, num_classes),
-            other => return Err(FixedRepresentation(other)),
-        };
+        let cfg =
+            stacked_config(kind, input_shape, num_classes).ok_or(FixedRepresentation(kind))?;
         let mut hidden = cfg.hidden.clone();
         *hidden.last_mut().expect("CNN1-CNN4 have a hidden layer") = width.max(1);
         Ok(Self::Stacked(cfg.with_hidden(hidden).init(device)))
