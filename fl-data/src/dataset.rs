@@ -108,6 +108,14 @@ impl Dataset {
         &self.labels
     }
 
+    /// The distinct classes of the samples `indices`, ascending (a client's label set).
+    pub fn classes_of(&self, indices: &[usize]) -> Vec<usize> {
+        let mut classes: Vec<usize> = indices.iter().map(|&i| self.labels[i] as usize).collect();
+        classes.sort_unstable();
+        classes.dedup();
+        classes
+    }
+
     /// The raw pixels of sample `index` (C×H×W bytes).
     pub fn image(&self, index: usize) -> &[u8] {
         let size = self.channels * self.height * self.width;
@@ -188,4 +196,18 @@ pub struct FederatedDataset {
     /// The dataset's own client split, if it has one (FEMNIST: one client per writer), as
     /// training-set indices.
     pub natural_clients: Option<Vec<Vec<usize>>>,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_label_set_is_the_distinct_classes_ascending() {
+        let data = crate::source::synthetic(40, [1, 4, 4], 10, 1);
+        let idx = [3, 7, 3, 12, 30];
+        let mut expected: Vec<usize> = idx.iter().map(|&i| data.labels()[i] as usize).collect();
+        expected.sort_unstable();
+        expected.dedup();
+        assert_eq!(data.classes_of(&idx), expected);
+        assert!(data.classes_of(&[]).is_empty());
+    }
 }

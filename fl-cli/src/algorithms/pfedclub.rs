@@ -431,16 +431,10 @@ pub fn run_one(
         }
         None => ZooModel::new(kinds[client], shape, classes, &ad).expect("zoo architectures only"),
     };
-    let labels = pooled.labels();
-    let client_classes: Vec<Vec<usize>> = partition
+    let client_classes = partition
         .clients
         .iter()
-        .map(|own| {
-            let mut c: Vec<usize> = own.iter().map(|&i| labels[i] as usize).collect();
-            c.sort_unstable();
-            c.dedup();
-            c
-        })
+        .map(|own| pooled.classes_of(own))
         .collect();
     let mut strategy = PFedClub::new(
         setup.club(),

@@ -16,8 +16,6 @@
 //! Runs on pFedClub's per-client machinery (`--variant heterofl`); each client is evaluated
 //! with its slice of the global model on its own test portion.
 
-use burn::tensor::{Tensor, TensorData};
-
 use super::StrategyError;
 use crate::layers::ParamTable;
 use crate::trainer::LocalObjective;
@@ -134,14 +132,6 @@ pub fn aggregate(
         }
     }
     Ok(global.from_host(host, &global.device())?)
-}
-
-/// A `[1, classes]` mask with 1 for the classes in `present` and 0 elsewhere, on `device`.
-pub fn class_mask(present: &[usize], classes: usize, device: &burn::tensor::Device) -> Tensor<2> {
-    let mask: Vec<f32> = (0..classes)
-        .map(|c| f32::from(u8::from(present.contains(&c))))
-        .collect();
-    Tensor::from_data(TensorData::new(mask, [1, classes]), device)
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@ use rand::seq::SliceRandom;
 use crate::layers::{LayerError, ParamTable};
 use crate::model::Classifier;
 use crate::rng::{Purpose, derive_seed, rng_for, with_forward_stream};
-use crate::strategy::heterofl::class_mask;
 
 mod bayes;
 mod meta;
@@ -363,12 +362,15 @@ fn train_steps<M: Classifier>(
     };
     let present = match task.objective {
         Some(o) if o.masks_absent_classes() => {
-            let labels = task.data.labels();
-            let mut classes: Vec<usize> =
-                task.indices.iter().map(|&i| labels[i] as usize).collect();
-            classes.sort_unstable();
-            classes.dedup();
-            Some(class_mask(&classes, task.data.num_classes(), &device))
+            let present = task.data.classes_of(task.indices);
+            let mask: Vec<f32> = (0..task.data.num_classes())
+                .map(|c| f32::from(u8::from(present.contains(&c))))
+                .collect();
+            let classes = mask.len();
+            Some(Tensor::from_data(
+                TensorData::new(mask, [1, classes]),
+                &device,
+            ))
         }
         _ => None,
     };

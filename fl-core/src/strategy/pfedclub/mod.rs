@@ -173,22 +173,20 @@ impl ClubConfig {
         if !(s.lr.is_finite() && s.lr > 0.0 && s.temperature.is_finite() && s.temperature > 0.0) {
             return Err("stitch learning rate and temperature must be positive".into());
         }
-        if self.method == Method::FedGh {
-            self.fedgh.validate()?;
-        }
-        if self.method == Method::Fccl {
-            self.fccl.validate()?;
-        }
-        if self.method == Method::FedKemf {
-            self.fedkemf.validate()?;
-        }
-        if self.method == Method::FedMd {
-            self.fedmd.validate()?;
-            if !s.labeled && self.fedmd.transfer_epochs > 0 {
-                return Err("FedMD's transfer learning needs labeled public data (use labeled public data, or no transfer epochs)".into());
+        // Only the running method's own settings are checked.
+        match self.method {
+            Method::FedGh => self.fedgh.validate(),
+            Method::Fccl => self.fccl.validate(),
+            Method::FedKemf => self.fedkemf.validate(),
+            Method::FedMd => {
+                self.fedmd.validate()?;
+                if !s.labeled && self.fedmd.transfer_epochs > 0 {
+                    return Err("FedMD's transfer learning needs labeled public data (use labeled public data, or no transfer epochs)".into());
+                }
+                Ok(())
             }
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 
