@@ -283,7 +283,7 @@ fn pfedclub_variants_run_on_fashion_mnist_and_bad_flags_are_errors() {
         drawn.contains("club cnn1") && drawn.contains("club cnn4"),
         "{drawn}"
     );
-    for variant in ["pfedhr", "local"] {
+    for variant in ["club-no-rules", "local"] {
         let out = dir.path().join(variant);
         run_ok(&base(&out, &["--variant", variant]));
         assert_eq!(metrics(&out).len(), 2, "{variant}");
@@ -672,4 +672,53 @@ fn runs_and_resumes_exactly(
     assert_eq!(m, metrics(&resumed), "{line}");
     assert_eq!(w, weights(&resumed), "{line}");
     (m, w)
+}
+
+#[test]
+fn pfedhr_tunes_one_shared_pool_of_layer_candidates_and_resumes_exactly() {
+    let dir = tmp();
+    let line = "pfedclub --variant pfedhr --zoo III --clients 6 --sample 3 --local-epochs 1 \
+        --max-samples 1500 --candidates 3 --cka-samples 64 --public-samples 96 --quiet";
+    let (m, w) = runs_and_resumes_exactly(dir.path(), line);
+    for l in &m {
+        // One pool of 3 candidates a round, every client matched to one of them.
+        assert_eq!(l["candidates"].as_u64(), Some(3), "{l}");
+        let valid = l["valid_candidates"].as_array().unwrap();
+        assert!(valid.len() == 3 && valid.iter().all(|v| v == 3), "{l}");
+        let phi = l["client_phi"].as_array().unwrap();
+        assert!(phi.iter().all(serde_json::Value::is_f64), "{l}");
+    }
+    // The teachers' layers are copies of the round's uploads tuned on the public data: each
+    // differs from the upload it was copied from (pFedClub's frozen blocks would not).
+    let bytes = std::fs::read(dir.path().join("full/checkpoint.safetensors")).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let stamped: serde_json::Value =
+        serde_json::from_str(&meta.metadata().as_ref().unwrap()["fl"]).unwrap();
+    let extra = &stamped["header"]["extra"];
+    let sources = extra["sources"].as_array().unwrap();
+    assert!(!sources.is_empty());
+    let copies = extra["copies"].as_array().unwrap();
+    assert!(
+        copies.iter().all(|c| c.as_u64().unwrap() >= 1),
+        "{copies:?}"
+    );
+    for (i, s) in sources.iter().enumerate() {
+        let (round, client) = (s[0].as_u64().unwrap(), s[1].as_u64().unwrap());
+        if round != 3 {
+            continue; // older uploads differ from the client's model anyway
+        }
+        let slot = format!("{}/", 6 + i);
+        let changed = w
+            .iter()
+            .filter(|(k, _)| k.starts_with(&slot))
+            .any(|(k, v)| w[&format!("{client}/{}", &k[slot.len()..])] != *v);
+        assert!(
+            changed,
+            "source {i} (client {client}) is the untuned upload"
+        );
+    }
+    fails(
+        &words("pfedclub --variant pfedhr --min-layers 7 --rounds 1 --quiet"),
+        "min layers <= max layers",
+    );
 }

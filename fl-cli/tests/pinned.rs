@@ -65,6 +65,7 @@ fn cases() -> Vec<(&'static str, Vec<&'static str>)> {
         ("clusamp", global("clusamp", &[])),
         ("fedgen", global("fedgen", &[])),
         ("pfedclub", club(&[])),
+        ("pfedclub-no-rules", club(&["--variant", "club-no-rules"])),
         ("pfedclub-pfedhr", club(&["--variant", "pfedhr"])),
         ("pfedclub-fedavg", club(&["--variant", "fedavg"])),
     ]

@@ -11,6 +11,7 @@ use fl_core::strategy::flexifed::CommonRule;
 use fl_core::strategy::pfedclub::cmsr::{Anchor, SearchRules};
 use fl_core::strategy::pfedclub::stitch::StitchTraining;
 use fl_core::strategy::pfedclub::{ClubConfig, Method, PFedClub, PublicData};
+use fl_core::strategy::pfedhr::PfedhrConfig;
 use fl_core::{ClientModels, Simulation, Strategy};
 use fl_data::FederatedDataset;
 use fl_models::{ModelKind, ModelZoo, ZooModel};
@@ -29,8 +30,12 @@ use crate::rundir::{RunDir, write_run_files};
 pub enum Variant {
     /// pFedClub: controllable search (order constraint, completion) and stitching.
     Pfedclub,
-    /// pFedHR-style random reassembly (no order constraint, no completion, no size control).
+    /// pFedHR as published: layer-level disassembly, functional grouping, one shared pool of
+    /// candidates by the authors' rules, whole-candidate tuning on the public data, matching.
     Pfedhr,
+    /// pFedClub's search without its rules (no order constraint, no completion): the
+    /// pFedHR-style ablation (`--variant pfedhr` before pFedHR itself existed).
+    ClubNoRules,
     /// FedAvg among the clients of each architecture.
     Fedavg,
     /// Local training only.
@@ -64,6 +69,7 @@ impl Variant {
         match self {
             Self::Pfedclub => "pfedclub",
             Self::Pfedhr => "pfedhr",
+            Self::ClubNoRules => "club-no-rules",
             Self::Fedavg => "fedavg-per-arch",
             Self::Local => "local",
             Self::FlexifedBasic => "flexifed-basic",
@@ -117,9 +123,19 @@ pub struct PfedclubSettings {
     /// Number of functional groups K.
     #[arg(long, default_value_t = 4)]
     pub groups: usize,
-    /// Candidates per client per round.
+    /// Candidates per client per round (pFedHR: in the round's one shared pool).
     #[arg(long, default_value_t = 4)]
     pub candidates: usize,
+    /// pFedHR: fewest layers in a candidate (the authors' 4).
+    #[arg(long, default_value_t = 4)]
+    pub min_layers: usize,
+    /// pFedHR: most layers in a candidate (the authors' 6).
+    #[arg(long, default_value_t = 6)]
+    pub max_layers: usize,
+    /// pFedHR: also tune a copy of each client's model on the public data before matching, as
+    /// the authors' code does (the paper matches the uploaded model).
+    #[arg(long)]
+    pub authors_tune_own: bool,
     /// λ, the weight of the distillation term.
     #[arg(long = "lambda", default_value_t = 0.2)]
     pub distill_weight: f64,
@@ -210,7 +226,8 @@ impl PfedclubSettings {
         let defaults = ClubConfig::default();
         let (method, mut rules) = match self.variant {
             Variant::Pfedclub => (Method::Reassembly, SearchRules::PFEDCLUB),
-            Variant::Pfedhr => (Method::Reassembly, SearchRules::PFEDHR),
+            Variant::Pfedhr => (Method::Pfedhr, SearchRules::PFEDCLUB),
+            Variant::ClubNoRules => (Method::Reassembly, SearchRules::NO_RULES),
             Variant::Fedavg => (Method::FedavgPerArchitecture, SearchRules::PFEDCLUB),
             Variant::Local => (Method::Local, SearchRules::PFEDCLUB),
             Variant::FlexifedBasic => (Method::Flexifed(CommonRule::Basic), SearchRules::PFEDCLUB),
@@ -267,6 +284,12 @@ impl PfedclubSettings {
                 fusion_batch: self.fusion_batch,
                 fusion_lr: self.fusion_lr,
                 ..FedKemfConfig::default()
+            },
+            pfedhr: PfedhrConfig {
+                min_layers: self.min_layers,
+                max_layers: self.max_layers,
+                tune_own: self.authors_tune_own,
+                ..PfedhrConfig::default()
             },
         }
     }

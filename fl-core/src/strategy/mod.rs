@@ -32,6 +32,7 @@ pub mod perfedavg;
 pub mod personal;
 pub mod pfedbayes;
 pub mod pfedclub;
+pub mod pfedhr;
 pub mod pfedme;
 pub mod scaffold;
 

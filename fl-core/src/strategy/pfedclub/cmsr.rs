@@ -54,9 +54,10 @@ impl SearchRules {
         ordered: true,
         complete: true,
     };
-    /// pFedHR-style random reassembly: a random block of each position's group, no order
-    /// constraint, no completion.
-    pub const PFEDHR: Self = Self {
+    /// pFedClub's search without its rules (`--variant club-no-rules`): a random block of each
+    /// position's group, no order constraint, no completion. pFedHR itself is
+    /// [`Method::Pfedhr`](super::Method::Pfedhr).
+    pub const NO_RULES: Self = Self {
         anchor: Anchor::Random,
         ordered: false,
         complete: false,
@@ -351,7 +352,7 @@ mod tests {
                     prop_assert!(w[1].block > w[0].block);
                 }
                 // pFedHR: every position filled from its group, any order.
-                let hr = draw_candidate(own, &groups, &sim, SearchRules::PFEDHR, &mut rng);
+                let hr = draw_candidate(own, &groups, &sim, SearchRules::NO_RULES, &mut rng);
                 prop_assert_eq!(hr.len(), depth);
                 for (j, b) in hr.iter().enumerate() {
                     prop_assert_eq!(groups.group_of[b.model][b.block], groups.group_of[own][j]);
@@ -497,7 +498,7 @@ mod tests {
             group_of: vec![vec![0, 1, 2]; 3],
         };
         let sim = |_: BlockRef, _: BlockRef| 0.0;
-        let search = Search::new(0, &groups, &sim, SearchRules::PFEDHR);
+        let search = Search::new(0, &groups, &sim, SearchRules::NO_RULES);
         assert_eq!(search.total(), 27.0);
         let mut rng = ChaCha8Rng::seed_from_u64(4);
         let mut hits = std::collections::HashMap::new();

@@ -14,8 +14,8 @@
 //!    the client's next teacher. pFedClub+ (`size_limit = η`) only admits candidates with
 //!    |w*| ≤ (1 + η)|w|; φ = (|w*| − |w|)/|w| is reported per client (the paper's Eq. 6).
 //!
-//! The same strategy runs the paper's comparisons: pFedHR-style random reassembly
-//! ([`SearchRules::PFEDHR`]), the ablations (anchor, order, completion), FedAvg within each
+//! The same strategy runs the paper's comparisons: pFedHR ([`Method::Pfedhr`]), the ablations
+//! (anchor, order, completion: [`SearchRules`]), the Table 1 baselines, FedAvg within each
 //! architecture, and local training alone. It runs on the one engine
 //! ([`Simulation`](crate::Simulation) with [`ClientModels`](crate::engine::ClientModels)):
 //! the server keeps every client's model, and [`Strategy::evaluate`] reports the mean accuracy
@@ -23,6 +23,7 @@
 
 pub mod cmsr;
 pub mod grouping;
+mod pfedhr_round;
 mod reassemble;
 mod state;
 pub mod stitch;
@@ -46,6 +47,7 @@ use crate::strategy::fedgh::{self, FedGhConfig};
 use crate::strategy::fedkemf::{self, FedKemfConfig};
 use crate::strategy::fedmd::{self, FedMdConfig};
 use crate::strategy::heterofl;
+use crate::strategy::pfedhr::PfedhrConfig;
 use crate::trainer::{LocalObjective, LocalProcedure, LocalUpdate};
 use cmsr::SearchRules;
 use stitch::{StitchTraining, Teacher};
@@ -54,8 +56,11 @@ use stitch::{StitchTraining, Teacher};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Method {
-    /// Block substitution with teachers (pFedClub; pFedHR with [`SearchRules::PFEDHR`]).
+    /// Block substitution with teachers (pFedClub, or its ablations by [`SearchRules`]).
     Reassembly,
+    /// pFedHR as published: layer-level reassembly of one shared candidate pool
+    /// ([`pfedhr`](crate::strategy::pfedhr), settings in [`ClubConfig::pfedhr`]).
+    Pfedhr,
     /// FedAvg among the clients of each architecture (a homogeneous baseline per group).
     FedavgPerArchitecture,
     /// No collaboration: every client trains alone.
@@ -113,6 +118,9 @@ pub struct ClubConfig {
     /// FedKEMF's settings (for [`Method::FedKemf`]).
     #[serde(default)]
     pub fedkemf: FedKemfConfig,
+    /// pFedHR's settings (for [`Method::Pfedhr`]).
+    #[serde(default)]
+    pub pfedhr: PfedhrConfig,
 }
 
 impl Default for ClubConfig {
@@ -137,6 +145,7 @@ impl Default for ClubConfig {
             fedgh: FedGhConfig::default(),
             fccl: FcclConfig::default(),
             fedkemf: FedKemfConfig::default(),
+            pfedhr: PfedhrConfig::default(),
         }
     }
 }
@@ -178,6 +187,7 @@ impl ClubConfig {
             Method::FedGh => self.fedgh.validate(),
             Method::Fccl => self.fccl.validate(),
             Method::FedKemf => self.fedkemf.validate(),
+            Method::Pfedhr => self.pfedhr.validate(),
             Method::FedMd => {
                 self.fedmd.validate()?;
                 if !s.labeled && self.fedmd.transfer_epochs > 0 {
@@ -258,6 +268,9 @@ struct Assigned<M> {
     /// the order of `teacher.models`): what a checkpoint needs to rebuild it.
     round: usize,
     sources: Vec<usize>,
+    /// Which copy of those uploads: 0 the uploads themselves, `k + 1` pFedHR's tuned copies in
+    /// its `k`-th candidate.
+    copy: usize,
 }
 
 /// The name checkpoints of personalised runs carry.
@@ -313,7 +326,7 @@ impl<'a, M: BlockForward> PFedClub<'a, M> {
                 "FedMD and FCCL need public samples; use a public fraction > 0".into(),
             ));
         }
-        if club.method == Method::Reassembly && public.samples.len() < 2 {
+        if matches!(club.method, Method::Reassembly | Method::Pfedhr) && public.samples.len() < 2 {
             return Err(StrategyError::Config(
                 "block reassembly needs at least 2 public samples; use a public fraction > 0"
                     .into(),
@@ -625,8 +638,11 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                     .collect();
                 changed = crate::strategy::flexifed::aggregate(&mut self.tables, &uploads, rule)?;
             }
-            Method::Reassembly => {
-                let (matched, grouping) = self.reassemble(round, &clients, rng)?;
+            Method::Reassembly | Method::Pfedhr => {
+                let (matched, grouping) = match self.club.method {
+                    Method::Pfedhr => self.pfedhr(round, &clients, rng)?,
+                    _ => self.reassemble(round, &clients, rng)?,
+                };
                 let mut phases = [grouping, 0.0, 0.0, 0.0];
                 for m in &matched {
                     for (total, s) in phases[1..].iter_mut().zip(m.seconds) {

@@ -104,13 +104,8 @@ impl<M: BlockForward> PFedClub<'_, M> {
             .chunks(self.batch_size.max(1))
             .map(|b| make_batch(data, norm, b, &base).0)
             .collect();
-        let score = |candidate: &dyn Fn(Tensor<4>) -> Tensor<2>, own: &[Tensor<2>]| -> f64 {
-            let mut total = 0.0;
-            for (images, own) in match_batches.iter().zip(own) {
-                let rows = images.dims()[0] as f64;
-                total += rows * mean_cosine(candidate(images.clone()), own.clone());
-            }
-            total / public.len() as f64
+        let score = |candidate: &dyn Fn(Tensor<4>) -> Tensor<2>, own: &[Tensor<2>]| {
+            agreement(&match_batches, own, candidate)
         };
 
         // Candidates, stitching and matching for each uploaded model, in parallel.
@@ -180,17 +175,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
                     });
                 };
                 let size = size_of(&parts);
-                // The teacher keeps only the models its blocks come from.
-                let mut used: Vec<usize> = parts.iter().map(|p| p.model).collect();
-                used.sort_unstable();
-                used.dedup();
-                let parts = parts
-                    .iter()
-                    .map(|p| BlockRef {
-                        model: used.iter().position(|&u| u == p.model).expect("used"),
-                        block: p.block,
-                    })
-                    .collect();
+                let (used, parts) = used_models(&parts);
                 let teacher = Teacher {
                     models: used.iter().map(|&u| inference[u].clone()).collect(),
                     parts,
@@ -203,6 +188,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
                         bytes: 4 * size,
                         round,
                         sources: used.iter().map(|&u| clients[u]).collect(),
+                        copy: 0,
                     }),
                     phi: Some((size as f64 - own_size) / own_size),
                     candidates: found.len(),
@@ -213,4 +199,36 @@ impl<M: BlockForward> PFedClub<'_, M> {
             .collect::<Result<_, _>>()?;
         Ok((matched, grouping))
     }
+}
+
+/// The models a candidate's blocks come from (sorted), and its parts indexing into them: a
+/// teacher keeps only those.
+pub(super) fn used_models(parts: &[BlockRef]) -> (Vec<usize>, Vec<BlockRef>) {
+    let mut used: Vec<usize> = parts.iter().map(|p| p.model).collect();
+    used.sort_unstable();
+    used.dedup();
+    let parts = parts
+        .iter()
+        .map(|p| BlockRef {
+            model: used.iter().position(|&u| u == p.model).expect("used"),
+            block: p.block,
+        })
+        .collect();
+    (used, parts)
+}
+
+/// The mean over the public samples (in `batches`) of the cosine between a candidate's logits
+/// and the client model's (`own`, per batch): how well a candidate matches a client.
+pub(super) fn agreement(
+    batches: &[Tensor<4>],
+    own: &[Tensor<2>],
+    candidate: &dyn Fn(Tensor<4>) -> Tensor<2>,
+) -> f64 {
+    let (mut total, mut rows) = (0.0, 0.0);
+    for (images, own) in batches.iter().zip(own) {
+        let n = images.dims()[0] as f64;
+        total += n * mean_cosine(candidate(images.clone()), own.clone());
+        rows += n;
+    }
+    total / rows
 }

@@ -23,6 +23,9 @@ pub(super) struct SavedState {
     accuracy: Vec<Option<(f64, f64)>>,
     /// The distinct teacher source models, as (round, client) of their upload.
     sources: Vec<(usize, usize)>,
+    /// Which copy of each source (pFedHR tunes one per candidate; 0: the upload itself).
+    #[serde(default)]
+    copies: Vec<usize>,
     /// Per client: indices into `sources` and the parts of its teacher, if any.
     teachers: Vec<Option<(Vec<usize>, Vec<super::cmsr::BlockRef>)>>,
     /// Whether the server's own model (FedGH's header, HeteroFL's global model) follows, last.
@@ -58,10 +61,13 @@ impl<M: BlockForward> PFedClub<'_, M> {
             let mut indices = Vec::new();
             for (model, &client) in t.teacher.models.iter().zip(&t.sources) {
                 let key = (t.round, client);
-                let i = match state.sources.iter().position(|&s| s == key) {
+                let same =
+                    |(i, s): (usize, &(usize, usize))| *s == key && state.copies[i] == t.copy;
+                let i = match state.sources.iter().enumerate().position(same) {
                     Some(i) => i,
                     None => {
                         state.sources.push(key);
+                        state.copies.push(t.copy);
                         source_tables.push(ParamTable::from_module(model));
                         state.sources.len() - 1
                     }
@@ -192,6 +198,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
                 bytes: 4 * size,
                 round: state.sources[indices[0]].0,
                 sources: indices.iter().map(|&i| state.sources[i].1).collect(),
+                copy: state.copies.get(indices[0]).copied().unwrap_or(0),
             });
         }
         if state.server {

@@ -266,6 +266,45 @@ pub fn nt_xent(z1: Tensor<2>, z2: Tensor<2>, tau: f64) -> Tensor<1> {
         .forward(sim, targets)
 }
 
+/// A candidate's loss on one public batch: cross-entropy on the labels, or NT-Xent between two
+/// augmented views when the public data is unlabeled (`None` for a single sample: NT-Xent needs
+/// a negative).
+#[allow(clippy::too_many_arguments)]
+pub fn public_loss<M: BlockForward, R: Rng>(
+    models: &[M],
+    parts: &[BlockRef],
+    stitches: &Stitches,
+    data: &Dataset,
+    norm: &Normalization,
+    batch: &[usize],
+    cfg: &StitchTraining,
+    rng: &mut R,
+) -> Option<Tensor<1>> {
+    let device = stitches
+        .devices()
+        .into_iter()
+        .chain(models.iter().flat_map(Module::devices))
+        .next()
+        .expect("a device");
+    if cfg.labeled {
+        let (images, labels) = make_batch(data, norm, batch, &device);
+        let logits = forward_candidate(models, parts, stitches, images);
+        return Some(
+            CrossEntropyLossConfig::new()
+                .init(&device)
+                .forward(logits, labels),
+        );
+    }
+    if batch.len() < 2 {
+        return None;
+    }
+    let v1 = augmented_batch(data, norm, batch, rng, &device);
+    let v2 = augmented_batch(data, norm, batch, rng, &device);
+    let z1 = forward_candidate(models, parts, stitches, v1);
+    let z2 = forward_candidate(models, parts, stitches, v2);
+    Some(nt_xent(z1, z2, cfg.temperature))
+}
+
 /// Fine-tunes `stitches` of a candidate on the public samples while every block stays frozen
 /// (`models` must be frozen and on an autodiff device). Returns the trained stitches.
 #[allow(clippy::too_many_arguments)]
@@ -282,25 +321,14 @@ pub fn fit_stitches<M: BlockForward, R: Rng>(
     if stitches.is_empty() || public.is_empty() {
         return stitches;
     }
-    let device = stitches.devices().into_iter().next().expect("a device");
     let mut optim = AdamConfig::new().with_epsilon(1e-8).init();
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut order = public.to_vec();
     for _ in 0..cfg.epochs {
         order.shuffle(rng);
         for batch in order.chunks(cfg.batch_size) {
-            let loss = if cfg.labeled {
-                let (images, labels) = make_batch(data, norm, batch, &device);
-                loss_fn.forward(forward_candidate(models, parts, &stitches, images), labels)
-            } else {
-                if batch.len() < 2 {
-                    continue; // NT-Xent needs a negative
-                }
-                let v1 = augmented_batch(data, norm, batch, rng, &device);
-                let v2 = augmented_batch(data, norm, batch, rng, &device);
-                let z1 = forward_candidate(models, parts, &stitches, v1);
-                let z2 = forward_candidate(models, parts, &stitches, v2);
-                nt_xent(z1, z2, cfg.temperature)
+            let Some(loss) = public_loss(models, parts, &stitches, data, norm, batch, cfg, rng)
+            else {
+                continue;
             };
             let grads = GradientsParams::from_grads(loss.backward(), &stitches);
             stitches = optim.step(cfg.lr, stitches, grads);
