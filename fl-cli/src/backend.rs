@@ -37,3 +37,13 @@ pub fn device() -> Device {
     )))]
     compile_error!("enable one backend feature: flex, ndarray, wgpu or cuda");
 }
+
+/// The device global models are initialised on: the CPU's `flex` wherever it is built in (the
+/// default), so that a seed gives the same initial weights on every backend (each backend has
+/// its own generator); the weights then move to [`device`].
+#[allow(unreachable_code)]
+pub fn init_device() -> Device {
+    #[cfg(feature = "flex")]
+    return Device::flex();
+    device()
+}

@@ -4,6 +4,7 @@ use std::io::IsTerminal;
 use std::path::Path;
 
 use anyhow::{Context, bail};
+use burn::module::Module;
 use burn::tensor::Device;
 use fl_core::rng::{Purpose, derive_seed};
 use fl_core::strategy::FineTune;
@@ -138,9 +139,19 @@ pub fn run_one(cfg: &RunConfig, resume: bool, quiet: bool) -> anyhow::Result<()>
         proximal: None,
     });
     let ad = backend::device().autodiff();
-    ad.seed(derive_seed(cfg.run.seed, Purpose::Init, 0, 0));
+    let init = backend::init_device().autodiff();
+    init.seed(derive_seed(cfg.run.seed, Purpose::Init, 0, 0));
     let (shape, classes) = (data.train.image_shape(), data.train.num_classes());
-    with_model!(model_kind, shape, classes, &ad, |model| {
+    with_model!(model_kind, shape, classes, &init, |model| {
+        // Initialised on the CPU, trained on the run's device: one seed, one start everywhere.
+        // Burn initialises parameters lazily, on the device they are on at first use: read them
+        // here, or moving would only retarget them and the run's device would draw them.
+        let model = if init == ad {
+            model
+        } else {
+            fl_core::ParamTable::from_module(&model);
+            model.to_device(&ad)
+        };
         let template = model.clone();
         let build = move |_: usize| template.clone();
         let sim = Simulation {

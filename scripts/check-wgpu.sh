@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU path end to end: one tiny FedMR run on the `wgpu` backend (Mesa's lavapipe Vulkan
+# driver on a machine without a GPU) against the same run on `flex`. Both start from the same
+# weights (global models are initialised on the CPU and moved to the run's device), so their
+# metrics must agree within a float tolerance: the GPU kernels reduce in other orders, so the
+# runs are close, not bit-identical.
+#
+#   scripts/check-wgpu.sh                    # builds both binaries (wgpu: ~25 min cold)
+#   scripts/check-wgpu.sh FLEX_FL WGPU_FL    # or checks two binaries already built
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+  apt-get update -qq
+  apt-get install -y -qq mesa-vulkan-drivers libvulkan1
+fi
+if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  apt-get install -y -qq dataset-fashion-mnist
+fi
+
+if [ $# -eq 2 ]; then
+  flex=$1 wgpu=$2
+else
+  cargo build --release -p fl-cli
+  cargo build --release -p fl-cli --features wgpu --target-dir target/wgpu
+  flex=target/release/fl wgpu=target/wgpu/release/fl
+fi
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+# Vulkan's loader wants a runtime directory; CI shells have none.
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$out}
+args=(fedmr --dataset fashion-mnist --clients 200 --sample 4 --rounds 3 --local-epochs 1
+  --batch-size 32 --partition dirichlet --alpha 0.5 --seed 7 --threads 2 --quiet)
+"$flex" "${args[@]}" --out "$out/flex"
+"$wgpu" "${args[@]}" --out "$out/wgpu"
+grep -q '"backend": *"wgpu"' "$out/wgpu/manifest.json" || {
+  echo "the wgpu binary did not run on wgpu:"; cat "$out/wgpu/manifest.json"; exit 1
+}
+
+python3 - "$out/flex/metrics.jsonl" "$out/wgpu/metrics.jsonl" <<'EOF'
+import json, sys
+flex, wgpu = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert len(flex) == len(wgpu) == 3, (len(flex), len(wgpu))
+worst = {}
+for a, b in zip(flex, wgpu):
+    assert a["clients"] == b["clients"], "the same clients are sampled on both backends"
+    for key, tol in [("train_loss", 1e-3), ("test_loss", 1e-3), ("test_acc", 0.005)]:
+        if a.get(key) is None:
+            continue
+        diff = abs(a[key] - b[key]) / (max(abs(a[key]), 1.0) if key.endswith("loss") else 1.0)
+        worst[key] = max(worst.get(key, 0.0), diff)
+        assert diff <= tol, f"round {a['round']} {key}: flex {a[key]} vs wgpu {b[key]}"
+print("wgpu matches flex:", ", ".join(f"{k} within {v:.2e}" for k, v in worst.items()))
+for a, b in zip(flex, wgpu):
+    print(f"  round {a['round']}: acc {a.get('test_acc')} / {b.get('test_acc')}, "
+          f"train loss {a['train_loss']:.5f} / {b['train_loss']:.5f}")
+EOF
