@@ -1,9 +1,10 @@
 //! The CPU kernels themselves, on plain `f32` slices in NCHW layout.
 //!
 //! Stride-1 convolutions go to the direct AVX-512 kernels of `direct.rs` where the CPU has
-//! AVX-512F (and [`super::isa`] allows it). Every other convolution is im2col + one gemm per sample, written straight into (or read straight from) the
-//! NCHW tensor, so nothing is converted to channels-last and no batch-sized column matrix is ever
-//! built. Samples run in parallel on the rayon pool; the weight gradient sums fixed chunks of
+//! AVX-512F (and [`super::isa`] allows it). Every other convolution is im2col + one gemm per
+//! sample (per few samples on small maps, [`Conv2dGeometry::group`]), written straight into (or
+//! read straight from) the NCHW tensor, so nothing is converted to channels-last and no
+//! batch-sized column matrix is ever built. Samples run in parallel on the rayon pool; the weight gradient sums fixed chunks of
 //! samples and adds the chunk sums in order, so results do not depend on the thread count.
 
 use rayon::prelude::*;
@@ -19,6 +20,11 @@ pub use pool::{PoolGeometry, max_pool2d_backward, max_pool2d_forward};
 /// Samples per partial sum of the weight gradient (fixed, so the summation order, and hence the
 /// result, is the same with any number of threads).
 const WEIGHT_GRAD_CHUNK: usize = 8;
+
+/// Output pixels per gemm the im2col path aims for on small maps ([`Conv2dGeometry::group`]).
+const GROUP_PIXELS: usize = 512;
+/// At most this many samples per gemm (bounds the column buffer).
+const MAX_GROUP: usize = 32;
 
 /// Shapes and options of one 2-D convolution (groups 1, dilation 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,18 +148,29 @@ macro_rules! avx2_dispatch {
 }
 
 avx2_dispatch! {
-    /// Copies one sample's receptive fields into `col` (`col_rows × out_plane`, row-major).
-    fn im2col => im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32])
+    /// Copies one sample's receptive fields into `col` (`col_rows × out_plane`, row-major, rows
+    /// `stride` floats apart: a sample's columns inside a group's column matrix).
+    fn im2col_strided => im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32], stride: usize)
 }
 
 avx2_dispatch! {
-    /// Adds the column matrix `col` back onto one sample's input gradient (the adjoint of
-    /// [`im2col`]).
-    fn col2im_add => col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32])
+    /// Adds the column matrix `col` (rows `stride` floats apart) back onto one sample's input
+    /// gradient (the adjoint of [`im2col_strided`]).
+    fn col2im_add_strided => col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32], stride: usize)
+}
+
+/// [`im2col_strided`] into one sample's own column matrix.
+fn im2col(g: &Conv2dGeometry, x: &[f32], col: &mut [f32]) {
+    im2col_strided(g, x, col, g.out_plane());
+}
+
+/// [`col2im_add_strided`] from one sample's own column matrix.
+fn col2im_add(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32]) {
+    col2im_add_strided(g, col, dx, g.out_plane());
 }
 
 #[inline(always)]
-fn im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32]) {
+fn im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32], stride: usize) {
     let [h, w] = g.input;
     let [kh, kw] = g.kernel;
     let [sh, sw] = g.stride;
@@ -164,7 +181,7 @@ fn im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32]) {
         let plane = &x[c * h * w..(c + 1) * h * w];
         for ky in 0..kh {
             for kx in 0..kw {
-                let row = &mut col[((c * kh + ky) * kw + kx) * out_plane..][..out_plane];
+                let row = &mut col[((c * kh + ky) * kw + kx) * stride..][..out_plane];
                 let (lo, hi) = g.valid_columns(kx);
                 for oy in 0..oh {
                     let dst = &mut row[oy * ow..(oy + 1) * ow];
@@ -191,7 +208,7 @@ fn im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32]) {
 }
 
 #[inline(always)]
-fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32]) {
+fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32], stride: usize) {
     let [h, w] = g.input;
     let [kh, kw] = g.kernel;
     let [sh, sw] = g.stride;
@@ -202,7 +219,7 @@ fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32]) {
         let plane = &mut dx[c * h * w..(c + 1) * h * w];
         for ky in 0..kh {
             for kx in 0..kw {
-                let row = &col[((c * kh + ky) * kw + kx) * out_plane..][..out_plane];
+                let row = &col[((c * kh + ky) * kw + kx) * stride..][..out_plane];
                 let (lo, hi) = g.valid_columns(kx);
                 for oy in 0..oh {
                     let iy = (oy * sh + ky).wrapping_sub(ph);
@@ -304,6 +321,15 @@ impl Conv2dGeometry {
         self.c_out >= 16
     }
 
+    /// Samples per gemm on the im2col path. A small map makes a narrow product whose weight
+    /// packing and partial register tiles cost more than its multiply-adds, so maps under
+    /// [`GROUP_PIXELS`] / 2 pixels are batched into products about that wide. Each output is
+    /// the same sum in the same order whatever the product's width, so grouping changes no bit
+    /// (tested); groups are fixed runs of samples, so neither does the thread count.
+    fn group(&self) -> usize {
+        (GROUP_PIXELS / self.out_plane().max(1)).clamp(1, MAX_GROUP)
+    }
+
     /// A scratch column matrix for one sample (empty for pointwise convolutions, which read the
     /// input directly).
     fn col_buffer(&self) -> Vec<f32> {
@@ -337,17 +363,76 @@ fn im2col_conv2d_forward(
     weight: &[f32],
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
+    im2col_conv2d_forward_grouped(g, x, weight, bias, g.group())
+}
+
+/// [`im2col_conv2d_forward`] with `group` samples per gemm.
+fn im2col_conv2d_forward_grouped(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    group: usize,
+) -> Vec<f32> {
     let mut y = vec![0.0f32; g.batch * g.output_len()];
     if g.output_len() == 0 || g.input_len() == 0 {
         return y;
     }
-    y.par_chunks_mut(g.output_len())
-        .zip(x.par_chunks(g.input_len()))
+    if group == 1 {
+        y.par_chunks_mut(g.output_len())
+            .zip(x.par_chunks(g.input_len()))
+            .for_each_init(
+                || g.col_buffer(),
+                |col, (y_n, x_n)| forward_sample(g, x_n, weight, bias, col, y_n),
+            );
+        return y;
+    }
+    let width = group * g.out_plane();
+    y.par_chunks_mut(group * g.output_len())
+        .zip(x.par_chunks(group * g.input_len()))
         .for_each_init(
-            || g.col_buffer(),
-            |col, (y_n, x_n)| forward_sample(g, x_n, weight, bias, col, y_n),
+            || (vec![0.0; g.col_rows() * width], vec![0.0; g.c_out * width]),
+            |(col, out), (y_g, x_g)| forward_group(g, x_g, weight, bias, col, out, y_g),
         );
     y
+}
+
+/// The forward pass of a few samples as one gemm: their column matrices side by side
+/// (`col_rows × samples·out_plane`), then the `[c_out, samples·out_plane]` product spread back
+/// to NCHW.
+#[inline(never)]
+fn forward_group(
+    g: &Conv2dGeometry,
+    x_g: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    col: &mut [f32],
+    out: &mut [f32],
+    y_g: &mut [f32],
+) {
+    let (rows, plane) = (g.col_rows(), g.out_plane());
+    let width = x_g.len() / g.input_len() * plane;
+    let (col, out) = (&mut col[..rows * width], &mut out[..g.c_out * width]);
+    for (j, x_n) in x_g.chunks_exact(g.input_len()).enumerate() {
+        im2col_strided(g, x_n, &mut col[j * plane..], width);
+    }
+    if let Some(bias) = bias {
+        for (row, &b) in out.chunks_exact_mut(width).zip(bias) {
+            row.fill(b);
+        }
+    }
+    matmul(
+        [g.c_out, width, rows],
+        (out, width, 1),
+        bias.is_some(),
+        (weight, rows, 1),
+        (col, width, 1),
+    );
+    for (j, y_n) in y_g.chunks_exact_mut(g.output_len()).enumerate() {
+        for (o, dst) in y_n.chunks_exact_mut(plane).enumerate() {
+            copy_short(dst, &out[o * width + j * plane..][..plane]);
+        }
+    }
 }
 
 #[inline(never)]
@@ -390,17 +475,70 @@ pub fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<
 
 /// [`conv2d_input_grad`] by gemm + col2im.
 fn im2col_conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    // A pointwise convolution's per-sample gemm writes the gradient itself: no grouping.
+    let group = if g.is_pointwise() { 1 } else { g.group() };
+    im2col_conv2d_input_grad_grouped(g, weight, dy, group)
+}
+
+/// [`im2col_conv2d_input_grad`] with `group` samples per gemm.
+fn im2col_conv2d_input_grad_grouped(
+    g: &Conv2dGeometry,
+    weight: &[f32],
+    dy: &[f32],
+    group: usize,
+) -> Vec<f32> {
     let mut dx = vec![0.0f32; g.batch * g.input_len()];
     if g.input_len() == 0 || g.output_len() == 0 {
         return dx;
     }
-    dx.par_chunks_mut(g.input_len())
-        .zip(dy.par_chunks(g.output_len()))
+    if group == 1 {
+        dx.par_chunks_mut(g.input_len())
+            .zip(dy.par_chunks(g.output_len()))
+            .for_each_init(
+                || g.col_buffer(),
+                |col, (dx_n, dy_n)| input_grad_sample(g, weight, dy_n, col, dx_n),
+            );
+        return dx;
+    }
+    let width = group * g.out_plane();
+    dx.par_chunks_mut(group * g.input_len())
+        .zip(dy.par_chunks(group * g.output_len()))
         .for_each_init(
-            || g.col_buffer(),
-            |col, (dx_n, dy_n)| input_grad_sample(g, weight, dy_n, col, dx_n),
+            || (vec![0.0; g.col_rows() * width], vec![0.0; g.c_out * width]),
+            |(col, gathered), (dx_g, dy_g)| input_grad_group(g, weight, dy_g, col, gathered, dx_g),
         );
     dx
+}
+
+/// The input gradient of a few samples as one gemm: their output gradients side by side
+/// (`[c_out, samples·out_plane]`), `Wᵀ` times that, then each sample's columns added back.
+#[inline(never)]
+fn input_grad_group(
+    g: &Conv2dGeometry,
+    weight: &[f32],
+    dy_g: &[f32],
+    col: &mut [f32],
+    gathered: &mut [f32],
+    dx_g: &mut [f32],
+) {
+    let (rows, plane) = (g.col_rows(), g.out_plane());
+    let width = dy_g.len() / g.output_len() * plane;
+    let (col, gathered) = (&mut col[..rows * width], &mut gathered[..g.c_out * width]);
+    for (j, dy_n) in dy_g.chunks_exact(g.output_len()).enumerate() {
+        for (o, src) in dy_n.chunks_exact(plane).enumerate() {
+            copy_short(&mut gathered[o * width + j * plane..][..plane], src);
+        }
+    }
+    matmul(
+        [rows, width, g.c_out],
+        (col, width, 1),
+        false,
+        (weight, 1, rows),
+        (gathered, width, 1),
+    );
+    for (j, dx_n) in dx_g.chunks_exact_mut(g.input_len()).enumerate() {
+        col2im_add_strided(g, &col[j * plane..], dx_n, width);
+    }
 }
 
 #[inline(never)]

@@ -200,6 +200,50 @@ fn gradients_are_the_adjoints_of_the_forward_map() {
 }
 
 #[test]
+fn grouping_samples_into_one_gemm_changes_no_bits() {
+    let mut shapes = cases();
+    // CNN3's 7×7 and 3×3 convolutions (pFedClub's Zoo III on Fashion-MNIST), a batch that
+    // leaves a partial group.
+    shapes.push(geometry(
+        [13, 16, 7, 7],
+        [24, 5, 5],
+        [1, 1],
+        [(2, 2), (2, 2)],
+    ));
+    shapes.push(geometry(
+        [37, 12, 3, 3],
+        [20, 5, 5],
+        [1, 1],
+        [(2, 2), (2, 2)],
+    ));
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    at_every_isa(|isa| {
+        for g in &shapes {
+            let x = values(g.batch * g.input_len(), 11);
+            let w = values(g.weight_len(), 12);
+            let b = values(g.c_out, 13);
+            let dy = values(g.batch * g.output_len(), 14);
+            for group in [3, g.group().max(2)] {
+                for bias in [None, Some(&b[..])] {
+                    assert_eq!(
+                        bits(im2col_conv2d_forward_grouped(g, &x, &w, bias, 1)),
+                        bits(im2col_conv2d_forward_grouped(g, &x, &w, bias, group)),
+                        "{isa:?} {g:?}: forward in groups of {group}"
+                    );
+                }
+                if !g.is_pointwise() {
+                    assert_eq!(
+                        bits(im2col_conv2d_input_grad_grouped(g, &w, &dy, 1)),
+                        bits(im2col_conv2d_input_grad_grouped(g, &w, &dy, group)),
+                        "{isa:?} {g:?}: input gradient in groups of {group}"
+                    );
+                }
+            }
+        }
+    });
+}
+
+#[test]
 fn results_do_not_depend_on_the_thread_count() {
     let g = geometry([37, 3, 12, 12], [6, 5, 5], [1, 1], [(0, 0), (0, 0)]);
     let x = values(g.batch * g.input_len(), 9);
