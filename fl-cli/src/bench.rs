@@ -3,6 +3,7 @@
 //! Markdown table. Timings are measured, never asserted (CI runs `fl bench --quick` as a smoke
 //! test).
 
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -16,6 +17,7 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
 use crate::backend;
+use crate::config::RunConfig;
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -269,6 +271,54 @@ fn synthetic(n: usize, shape: [usize; 3], classes: usize) -> Dataset {
         .map(|_| rng.random_range(0..classes as u16))
         .collect();
     Dataset::new(images, labels, shape, classes).expect("consistent synthetic data")
+}
+
+/// `fl bench --round CONFIG`: one round of the run `config` describes (rounds set to 1, run in
+/// a fresh temporary directory), timed by the run's own metrics: local training, the server
+/// step (with pFedClub's phases) and evaluation, then the process's peak RSS, which covers the
+/// dataset, every persistent client model and the server step.
+pub fn bench_round(config: &Path, threads: Option<usize>) -> anyhow::Result<()> {
+    let mut table = crate::config::read_table(config)?;
+    let out = std::env::temp_dir().join(format!("fl-bench-round-{}", std::process::id()));
+    table.insert("rounds".into(), 1.into());
+    table.insert("out".into(), out.display().to_string().into());
+    if let Some(t) = threads {
+        table.insert("threads".into(), (t as i64).into());
+    }
+    let cfg = RunConfig::from_table(&mut table)
+        .with_context(|| format!("invalid config {}", config.display()))?;
+    let result = crate::run::run_one(&cfg, false, true).and_then(|()| {
+        let metrics = std::fs::read_to_string(out.join("metrics.jsonl"))?;
+        let first = metrics
+            .lines()
+            .next()
+            .context("the round wrote no metrics")?;
+        Ok(serde_json::from_str::<serde_json::Value>(first)?)
+    });
+    std::fs::remove_dir_all(&out).ok();
+    let m = result?;
+    let seconds = |key: &str| m[key].as_f64().unwrap_or(0.0);
+    println!(
+        "one round of {} ({}, {} threads, backend {})\n",
+        config.display(),
+        cfg.label(),
+        cfg.run.threads,
+        backend::name()
+    );
+    println!("| part | seconds |\n|---|---|");
+    println!("| local training | {:.2} |", seconds("train_seconds"));
+    println!("| server step | {:.2} |", seconds("aggregate_seconds"));
+    if let Some(phases) = m["phase_seconds"].as_object() {
+        for (phase, s) in phases {
+            println!("| server: {phase} | {:.2} |", s.as_f64().unwrap_or(0.0));
+        }
+    }
+    println!("| evaluation | {:.2} |", seconds("eval_seconds"));
+    match peak_rss_mib() {
+        Some(mib) => println!("\npeak RSS: {mib:.0} MiB"),
+        None => println!("\npeak RSS: not available on this platform"),
+    }
+    Ok(())
 }
 
 /// Peak resident set size of this process (Linux `VmHWM`).

@@ -126,6 +126,10 @@ enum Command {
         /// kernels (for an A/B comparison on flex).
         #[arg(long)]
         burn_kernels: bool,
+        /// Instead of the model table: time one round of the run this config describes
+        /// (training, server step with pFedClub's phases, evaluation) and its peak RSS.
+        #[arg(long, value_name = "CONFIG", conflicts_with = "quick")]
+        round: Option<PathBuf>,
     },
     /// Draw how a partition splits the classes among clients: a heat map (clients × classes)
     /// and a CSV, for a run's partition.json (`--run DIR`) or the one the flags would draw.
@@ -355,6 +359,15 @@ fn main() -> ExitCode {
         } => run::download(&dataset, dir, mirror.as_deref(), quiet),
         Command::Partition { run, image, args } => run::partition(run.as_deref(), &args, &image),
         Command::Bench {
+            threads,
+            burn_kernels,
+            round: Some(config),
+            ..
+        } => {
+            fl_models::kernels::set_enabled(!burn_kernels);
+            bench::bench_round(&config, threads)
+        }
+        Command::Bench {
             models,
             samples,
             clients,
@@ -362,6 +375,7 @@ fn main() -> ExitCode {
             threads,
             quick,
             burn_kernels,
+            round: None,
         } => models
             .iter()
             .map(|m| m.parse::<fl_models::ModelKind>())

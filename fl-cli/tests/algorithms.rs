@@ -239,7 +239,7 @@ fn pfedclub_variants_run_on_fashion_mnist_and_bad_flags_are_errors() {
     let raw = std::fs::read_to_string(club.join("metrics.jsonl")).unwrap();
     let last: serde_json::Value = serde_json::from_str(raw.lines().last().unwrap()).unwrap();
     let phases = last["phase_seconds"].as_object().unwrap();
-    for phase in ["grouping", "search", "stitching", "matching"] {
+    for phase in ["features", "grouping", "search", "stitching", "matching"] {
         assert!(phases[phase].as_f64().unwrap() >= 0.0, "{phase}");
     }
     let manifest = std::fs::read_to_string(club.join("manifest.json")).unwrap();

@@ -429,6 +429,50 @@ fn bench_quick_prints_a_row_per_model() {
     );
 }
 
+/// `fl bench --round CONFIG` times one round of a config's run, pFedClub's server phases too,
+/// and refuses a config that is not one.
+#[test]
+fn bench_round_reports_the_server_phases_and_peak_memory() {
+    let dir = tmp();
+    let config = dir.path().join("club.toml");
+    std::fs::write(
+        &config,
+        "algorithm = \"pfedclub\"\nclients = 5\nsample = 2\nrounds = 5\nlocal_epochs = 1\n\
+         max_samples = 600\n[pfedclub]\nzoo = \"III\"\ncandidates = 1\npublic_samples = 32\n\
+         cka_samples = 16\nstitch_epochs = 1\n",
+    )
+    .unwrap();
+    let o = fl(&[
+        "bench",
+        "--round",
+        &config.display().to_string(),
+        "--threads",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for row in [
+        "| local training |",
+        "| server step |",
+        "| server: features |",
+        "| server: stitching |",
+        "| server: matching |",
+        "| evaluation |",
+        "peak RSS",
+    ] {
+        assert!(text.contains(row), "{row}: {text}");
+    }
+    std::fs::write(&config, "algorithm = \"fedmr\"\nlocal_epochs = \"many\"\n").unwrap();
+    let o = fl(&["bench", "--round", &config.display().to_string()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).starts_with("error: invalid config"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+}
+
 /// `fl partition` draws a fresh pathological partition and a run's own partition.
 #[test]
 fn partition_heat_map_and_csv() {

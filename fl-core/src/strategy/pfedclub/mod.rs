@@ -287,10 +287,11 @@ struct Matched<M> {
     seconds: [f64; 3],
 }
 
-/// The phases of a round's server step, in seconds: grouping (CKA features and K-means, wall
-/// clock), then search, stitch fine-tuning and matching summed over the clients (which run in
-/// parallel, so these are thread-seconds).
-const PHASES: [&str; 4] = ["grouping", "search", "stitching", "matching"];
+/// The phases of a round's server step, in seconds: features (every uploaded model's block
+/// outputs on the probe batch) and grouping (CKA similarities, K-means), wall clock; then
+/// search, stitch fine-tuning and matching summed over the clients (which run in parallel, so
+/// these are thread-seconds).
+const PHASES: [&str; 5] = ["features", "grouping", "search", "stitching", "matching"];
 
 fn trainable_per_block(table: &ParamTable) -> Vec<usize> {
     let tensors = table.layout().tensors();
@@ -639,13 +640,13 @@ impl<M: BlockForward> Strategy for PFedClub<'_, M> {
                 changed = crate::strategy::flexifed::aggregate(&mut self.tables, &uploads, rule)?;
             }
             Method::Reassembly | Method::Pfedhr => {
-                let (matched, grouping) = match self.club.method {
+                let (matched, [features, grouping]) = match self.club.method {
                     Method::Pfedhr => self.pfedhr(round, &clients, rng)?,
                     _ => self.reassemble(round, &clients, rng)?,
                 };
-                let mut phases = [grouping, 0.0, 0.0, 0.0];
+                let mut phases = [features, grouping, 0.0, 0.0, 0.0];
                 for m in &matched {
-                    for (total, s) in phases[1..].iter_mut().zip(m.seconds) {
+                    for (total, s) in phases[2..].iter_mut().zip(m.seconds) {
                         *total += s;
                     }
                 }

@@ -38,7 +38,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
         round: usize,
         clients: &[usize],
         server_rng: &mut ChaCha8Rng,
-    ) -> Result<(Vec<Matched<M>>, f64), StrategyError> {
+    ) -> Result<(Vec<Matched<M>>, [f64; 2]), StrategyError> {
         let timer = Instant::now();
         let (club, cfg) = (&self.club, &self.club.pfedhr);
         let (data, norm, public) = (
@@ -73,6 +73,8 @@ impl<M: BlockForward> PFedClub<'_, M> {
                     .collect()
             })
             .collect();
+        let features_seconds = timer.elapsed().as_secs_f64();
+        let timer = Instant::now();
         let at: Vec<BlockRef> = features
             .iter()
             .enumerate()
@@ -223,6 +225,6 @@ impl<M: BlockForward> PFedClub<'_, M> {
                 })
             })
             .collect::<Result<_, _>>()?;
-        Ok((matched, grouping))
+        Ok((matched, [features_seconds, grouping]))
     }
 }

@@ -26,8 +26,8 @@ impl<M: BlockForward> PFedClub<'_, M> {
         round: usize,
         clients: &[usize],
         server_rng: &mut ChaCha8Rng,
-    ) -> Result<(Vec<Matched<M>>, f64), StrategyError> {
-        let grouping = Instant::now();
+    ) -> Result<(Vec<Matched<M>>, [f64; 2]), StrategyError> {
+        let timer = Instant::now();
         let (club, tables, specs) = (&self.club, &self.tables, &self.specs);
         let (block_params, params) = (&self.block_params, &self.params);
         let (data, norm, public) = (
@@ -68,6 +68,8 @@ impl<M: BlockForward> PFedClub<'_, M> {
                     .collect()
             })
             .collect();
+        let features = timer.elapsed().as_secs_f64();
+        let timer = Instant::now();
         let index: Vec<BlockRef> = grams
             .iter()
             .enumerate()
@@ -81,7 +83,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
             group_of[b.model][b.block] = *g;
         }
         let groups = BlockGroups { group_of };
-        let grouping = grouping.elapsed().as_secs_f64();
+        let grouping = timer.elapsed().as_secs_f64();
         let position = |b: BlockRef| index.iter().position(|&x| x == b).expect("known block");
         let similarity = |a: BlockRef, b: BlockRef| sim[position(a)][position(b)];
 
@@ -197,7 +199,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
                 })
             })
             .collect::<Result<_, _>>()?;
-        Ok((matched, grouping))
+        Ok((matched, [features, grouping]))
     }
 }
 
