@@ -303,6 +303,8 @@ mod tests {
     /// blocks as runnable units: run one at a time, each gives its declared shape and together
     /// they give exactly the logits of `forward`.
     fn check_shapes<M: BlockForward>(kind: ModelKind, shape: [usize; 3], model: M) {
+        // Two forward passes compared bit for bit: on the same kernel tier.
+        let _tier = crate::kernels::isa::test_lock();
         let d = Device::flex();
         let x = Tensor::<4>::random([2, shape[0], shape[1], shape[2]], Distribution::Default, &d);
         let logits = model.forward(x.clone());

@@ -5,7 +5,7 @@ use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
 use burn::nn::{BatchNorm, Linear};
-use burn::tensor::activation::{hard_sigmoid, hard_swish, relu, relu6};
+use burn::tensor::activation::{hard_sigmoid, relu};
 use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Classifier, Features};
@@ -22,29 +22,7 @@ pub struct MobileNetConfig {
     pub num_classes: usize,
 }
 
-/// Activation after a convolution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// No activation (linear bottleneck projections).
-    Identity,
-    /// ReLU.
-    Relu,
-    /// min(max(x, 0), 6) (MobileNetV2).
-    Relu6,
-    /// x · relu6(x + 3) / 6 (MobileNetV3).
-    HardSwish,
-}
-
-impl Activation {
-    fn apply<const D: usize>(self, x: Tensor<D>) -> Tensor<D> {
-        match self {
-            Self::Identity => x,
-            Self::Relu => relu(x),
-            Self::Relu6 => relu6(x),
-            Self::HardSwish => hard_swish(x),
-        }
-    }
-}
+pub use crate::kernels::Activation;
 
 /// Convolution (no bias) + BatchNorm + activation.
 #[derive(Module, Debug)]

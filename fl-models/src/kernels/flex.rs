@@ -75,19 +75,32 @@ pub trait CpuKernelOps: Backend {
 }
 
 /// Whether a tensor lives on the flex backend (with or without autodiff).
-fn on_flex<const D: usize>(x: &Tensor<D>) -> bool {
+pub(super) fn on_flex<const D: usize>(x: &Tensor<D>) -> bool {
     matches!(x.device().inner().as_dispatch(), DispatchDevice::Flex(_))
 }
 
-fn dims4(shape: &Shape) -> [usize; 4] {
+pub(super) fn dims4(shape: &Shape) -> [usize; 4] {
     [shape[0], shape[1], shape[2], shape[3]]
 }
 
 /// The geometry of a convolution the kernels handle, or `None` (then Burn's own op runs).
 fn conv_geometry(x: [usize; 4], w: [usize; 4], options: &ConvOptions<2>) -> Option<Conv2dGeometry> {
+    if options.groups != 1 || w[1] != x[1] {
+        return None;
+    }
+    spatial_geometry(x, w, options)
+}
+
+/// The shapes of a convolution with dilation 1 and a non-empty output (`c_in` is the input's
+/// channels, `c_out` the weight's rows; the caller checks how they relate), or `None`.
+pub(super) fn spatial_geometry(
+    x: [usize; 4],
+    w: [usize; 4],
+    options: &ConvOptions<2>,
+) -> Option<Conv2dGeometry> {
     let [batch, c_in, h, wd] = x;
-    let [c_out, w_in, kh, kw] = w;
-    if options.groups != 1 || options.dilation != [1, 1] || w_in != c_in || kh == 0 || kw == 0 {
+    let [c_out, _, kh, kw] = w;
+    if options.dilation != [1, 1] || kh == 0 || kw == 0 {
         return None;
     }
     let [(top, bottom), (left, right)] = options.padding;
@@ -208,13 +221,13 @@ fn norm_geometry(x: &FlexTensor) -> NormGeometry {
     }
 }
 
-fn flex_vector(values: Vec<f32>) -> FlexTensor {
+pub(super) fn flex_vector(values: Vec<f32>) -> FlexTensor {
     let len = values.len();
     FlexTensor::from_data(TensorData::new(values, [len]))
 }
 
 /// A contiguous `f32` view of a flex tensor (a copy only if it is strided).
-fn contiguous(t: FlexTensor) -> FlexTensor {
+pub(super) fn contiguous(t: FlexTensor) -> FlexTensor {
     if t.is_contiguous() {
         t
     } else {
@@ -222,16 +235,16 @@ fn contiguous(t: FlexTensor) -> FlexTensor {
     }
 }
 
-fn slice(t: &FlexTensor) -> &[f32] {
+pub(super) fn slice(t: &FlexTensor) -> &[f32] {
     t.as_slice::<f32>()
         .expect("flex kernels: contiguous f32 tensors (checked by the caller)")
 }
 
-fn flex_tensor(values: Vec<f32>, shape: [usize; 4]) -> FlexTensor {
+pub(super) fn flex_tensor(values: Vec<f32>, shape: [usize; 4]) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))
 }
 
-const UNSUPPORTED: &str = "flex kernels: called on a convolution or pooling they do not handle \
+pub(super) const UNSUPPORTED: &str = "flex kernels: called on a convolution or pooling they do not handle \
                            (the public wrappers check this first)";
 
 fn flex_conv2d(

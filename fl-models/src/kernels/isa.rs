@@ -59,3 +59,11 @@ pub fn set_max_isa(isa: Isa) -> Isa {
 pub(crate) fn uses(isa: Isa) -> bool {
     Isa::active() >= isa
 }
+
+/// Serialises the tests that change the cap with the tests that compare the bits of two runs
+/// (a cap changed between the runs would change their path, and so their bits).
+#[cfg(test)]
+pub(crate) fn test_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,18 +1,21 @@
-//! Faster convolution, max-pooling and batch normalisation on CPU, used by every model in this
-//! crate.
+//! Faster convolution, max-pooling, batch normalisation and activations on CPU, used by every
+//! model in this crate.
 //!
 //! On the flex backend (feature `flex`, on by default) 2-D convolutions with groups 1 and
 //! dilation 1, unpadded max-pooling and training-mode batch normalisation run hand-written
 //! kernels: direct stride-1 convolutions with AVX-512 register tiles where the CPU has
 //! AVX-512F, im2col + gemm per sample straight in NCHW layout otherwise (flex's own convolution
 //! converts to channels-last and packs the batch, and computes the weight gradient as a
-//! convolution with the whole feature map as its kernel), a direct max-pool whose backward pass recomputes the window
-//! maxima instead of keeping an index tensor, and a per-channel two-pass batch norm (Burn's is
-//! composed of tensor ops with layout copies). They plug into Burn as a backend extension with their own backward passes, so models
-//! stay ordinary backend-generic Burn modules: on any other backend, and for any other
-//! convolution (depthwise, dilated, `f16`, ...), these functions call Burn's own
-//! [`conv2d`](burn::tensor::module::conv2d), [`max_pool2d`](burn::tensor::module::max_pool2d)
-//! and [`BatchNorm::forward`].
+//! convolution with the whole feature map as its kernel), a direct max-pool whose backward pass
+//! recomputes the window maxima instead of keeping an index tensor, and a per-channel two-pass
+//! batch norm (Burn's is composed of tensor ops with layout copies). The MobileNets' depthwise
+//! convolutions (groups = channels, no bias, any stride) run a direct kernel over stride-phased
+//! planes, and their ReLU6 and hard-swish one fused pass each way (Burn composes them of clamps
+//! and mask fills). They plug into Burn as backend extensions with their own backward passes,
+//! so models stay ordinary backend-generic Burn modules: on any other backend, and for any
+//! other convolution (grouped, dilated, `f16`, ...), these functions call Burn's own
+//! [`conv2d`](burn::tensor::module::conv2d), [`max_pool2d`](burn::tensor::module::max_pool2d),
+//! [`BatchNorm::forward`] and activations.
 //!
 //! Results are deterministic and independent of the thread count; they differ from Burn's own
 //! kernels only by floating-point summation order.
@@ -23,7 +26,9 @@ pub(crate) mod cpu;
 mod direct;
 #[cfg(feature = "flex")]
 mod flex;
-mod isa;
+#[cfg(feature = "flex")]
+mod flex_mobile;
+pub(crate) mod isa;
 
 pub use isa::{Isa, set_max_isa};
 
@@ -61,7 +66,41 @@ pub fn conv2d(
     if enabled() && flex::handles_conv2d(&x, &weight, bias.as_ref(), &options) {
         return flex::conv2d(x, weight, bias, options);
     }
+    #[cfg(feature = "flex")]
+    if enabled() && bias.is_none() && flex_mobile::handles_depthwise(&x, &weight, &options) {
+        return flex_mobile::depthwise(x, weight, options);
+    }
     burn::tensor::module::conv2d(x, weight, bias, options)
+}
+
+/// An elementwise activation (after a convolution in the MobileNets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// No activation (linear bottleneck projections).
+    Identity,
+    /// ReLU.
+    Relu,
+    /// min(max(x, 0), 6) (MobileNetV2).
+    Relu6,
+    /// x · relu6(x + 3) / 6 (MobileNetV3).
+    HardSwish,
+}
+
+impl Activation {
+    /// Applies the activation: ReLU6 and hard-swish on a fused kernel (one pass each way) where
+    /// the kernels apply, otherwise (and always for the identity and ReLU) Burn's own ops.
+    pub fn apply<const D: usize>(self, x: Tensor<D>) -> Tensor<D> {
+        #[cfg(feature = "flex")]
+        if matches!(self, Self::Relu6 | Self::HardSwish) && enabled() && flex_mobile::handles(&x) {
+            return flex_mobile::activation(x, self);
+        }
+        match self {
+            Self::Identity => x,
+            Self::Relu => burn::tensor::activation::relu(x),
+            Self::Relu6 => burn::tensor::activation::relu6(x),
+            Self::HardSwish => burn::tensor::activation::hard_swish(x),
+        }
+    }
 }
 
 /// 2-D max-pooling, as [`burn::tensor::module::max_pool2d`], on the fast kernel where it applies.
@@ -278,6 +317,63 @@ mod tests {
         );
     }
 
+    /// Depthwise convolutions (MobileNets' 3×3 and 5×5, strides 1 and 2) and the fused
+    /// activations: values and gradients agree with Burn's ops, on every instruction tier.
+    #[test]
+    fn depthwise_convolution_and_fused_activations_match_burn() {
+        let device = Device::flex().autodiff();
+        let check = |_| {
+            for (c, k, stride) in [(6, 3, 1), (6, 3, 2), (4, 5, 2), (3, 5, 1)] {
+                let conv = Conv2dConfig::new([c, c], [k, k])
+                    .with_groups(c)
+                    .with_stride([stride, stride])
+                    .with_padding(PaddingConfig2d::Explicit(k / 2, k / 2, k / 2, k / 2))
+                    .with_bias(false)
+                    .init(&device);
+                let x = Tensor::<4>::random([3, c, 9, 10], Distribution::Normal(0.0, 1.0), &device)
+                    .require_grad();
+                let ours = conv2d_forward(&conv, x.clone());
+                let burns = conv.forward(x.clone());
+                close(ours.clone(), burns.clone());
+                let probe =
+                    Tensor::<4>::random(burns.dims(), Distribution::Normal(0.0, 1.0), &device);
+                let g_ours = (ours * probe.clone()).sum().backward();
+                let g_burn = (burns * probe).sum().backward();
+                close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
+                close(
+                    conv.weight.grad(&g_ours).unwrap(),
+                    conv.weight.grad(&g_burn).unwrap(),
+                );
+            }
+            // Random values plus the clamps' boundaries, where the masks decide the gradient.
+            let edges = [-3.0f32, 0.0, 3.0, 6.0, -0.0, 2.9999998, 6.0000005];
+            let mut values: Vec<f32> =
+                Tensor::<1>::random([4096], Distribution::Normal(0.0, 4.0), &device)
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .unwrap();
+            values.extend(edges);
+            let n = values.len();
+            for act in [Activation::Relu6, Activation::HardSwish] {
+                let x = Tensor::<1>::from_floats(values.as_slice(), &device)
+                    .reshape([1, 1, 1, n])
+                    .require_grad();
+                let ours = act.apply(x.clone());
+                let burns = match act {
+                    Activation::Relu6 => burn::tensor::activation::relu6(x.clone()),
+                    _ => burn::tensor::activation::hard_swish(x.clone()),
+                };
+                close(ours.clone(), burns.clone());
+                let probe =
+                    Tensor::<4>::random([1, 1, 1, n], Distribution::Normal(0.0, 1.0), &device);
+                let g_ours = (ours * probe.clone()).sum().backward();
+                let g_burn = (burns * probe).sum().backward();
+                close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
+            }
+        };
+        cpu::tests::at_every_isa(check);
+    }
+
     /// Without autodiff (evaluation), and for what the kernels do not handle, results are Burn's.
     #[test]
     fn inference_and_unsupported_options_fall_back_cleanly() {
@@ -285,6 +381,7 @@ mod tests {
         let conv = Conv2dConfig::new([4, 8], [3, 3]).init(&device);
         let x = Tensor::<4>::random([2, 4, 8, 8], Distribution::Normal(0.0, 1.0), &device);
         close(conv2d_forward(&conv, x.clone()), conv.forward(x.clone()));
+        // Depthwise with a bias: Burn's op.
         let depthwise = Conv2dConfig::new([4, 4], [3, 3])
             .with_groups(4)
             .init(&device);

@@ -9,11 +9,44 @@
 
 use rayon::prelude::*;
 
+/// `fn $name(args) -> R` calling `$generic` compiled for the best tier the kernels may use (the
+/// loops are plain Rust; wider registers change no results, as every sum keeps its order).
+macro_rules! best_isa {
+    (fn $name:ident => $generic:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
+        fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $generic($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $generic($($arg),*)
+                }
+                if $crate::kernels::isa::uses($crate::kernels::isa::Isa::Avx512) {
+                    // SAFETY: the CPU has AVX-512F (`uses` never exceeds the detected tier).
+                    return unsafe { avx512($($arg),*) };
+                }
+                if $crate::kernels::isa::uses($crate::kernels::isa::Isa::Avx2) {
+                    // SAFETY: as above, for AVX2.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $generic($($arg),*)
+        }
+    };
+}
+
+mod act;
+mod depthwise;
 mod norm;
 mod pool;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
+pub use act::{activation_backward, activation_forward};
+pub use depthwise::{depthwise_forward, depthwise_input_grad, depthwise_weight_grad};
 pub use norm::{NormGeometry, batch_norm_train_backward, batch_norm_train_forward};
 pub use pool::{PoolGeometry, max_pool2d_backward, max_pool2d_forward};
 

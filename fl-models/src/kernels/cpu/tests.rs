@@ -1,14 +1,14 @@
 //! The kernels against their definitions, on every instruction tier this CPU has.
 
 use super::*;
+use crate::kernels::Activation;
 use crate::kernels::isa::{Isa, set_max_isa};
 
 /// Runs `check` once per instruction tier the CPU supports (lowest first), with the kernels
 /// capped at that tier, so the paths this CPU would not pick by itself are tested too. Tests
 /// that change the cap take a lock; others may run meanwhile at any tier, which is still valid.
-fn at_every_isa(check: impl Fn(Isa)) {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+pub(crate) fn at_every_isa(check: impl Fn(Isa)) {
+    let _guard = crate::kernels::isa::test_lock();
     let tiers = [Isa::Baseline, Isa::Avx2, Isa::Avx512];
     for isa in tiers.into_iter().filter(|&t| t <= Isa::detected()) {
         set_max_isa(isa);
@@ -353,4 +353,101 @@ fn baseline_and_avx2_paths_give_identical_bits() {
     });
     let results = results.into_inner().unwrap();
     assert!(results.windows(2).all(|p| p[0] == p[1]));
+}
+
+/// Depthwise convolutions: (batch, channels, h, w), (kh, kw), stride, padding.
+fn depthwise_cases() -> Vec<Conv2dGeometry> {
+    let dw = |[n, c, h, w]: [usize; 4], [kh, kw]: [usize; 2], s: [usize; 2], p| {
+        geometry([n, c, h, w], [c, kh, kw], s, p)
+    };
+    vec![
+        dw([2, 3, 8, 8], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+        dw([2, 4, 9, 8], [3, 3], [2, 2], [(1, 1), (1, 1)]),
+        // MobileNetV3's 5×5 stride-2 units; an odd map whose last row and column no output reads.
+        dw([3, 2, 11, 11], [5, 5], [2, 2], [(2, 2), (2, 2)]),
+        dw([2, 3, 8, 8], [3, 3], [2, 2], [(0, 0), (0, 0)]),
+        // Asymmetric padding, unequal strides, a kernel wider than the stride's phases.
+        dw([2, 2, 7, 10], [2, 4], [1, 3], [(1, 0), (0, 2)]),
+        dw([1, 5, 2, 2], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+    ]
+}
+
+fn naive_depthwise(g: &Conv2dGeometry, x: &[f32], w: &[f32]) -> Vec<f32> {
+    let mut full = vec![0.0f32; g.c_in * g.c_in * g.kernel[0] * g.kernel[1]];
+    let taps = g.kernel[0] * g.kernel[1];
+    for c in 0..g.c_in {
+        // The depthwise filter as a dense one that reads only its own channel.
+        full[(c * g.c_in + c) * taps..][..taps].copy_from_slice(&w[c * taps..][..taps]);
+    }
+    naive_conv(g, x, &full, &vec![0.0; g.c_out])
+}
+
+#[test]
+fn depthwise_convolution_matches_the_definition_and_its_adjoints() {
+    let dot = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| *x as f64 * *y as f64)
+            .sum::<f64>()
+    };
+    at_every_isa(|isa| {
+        for g in depthwise_cases() {
+            let taps = g.kernel[0] * g.kernel[1];
+            let x = values(g.batch * g.input_len(), 21);
+            let w = values(g.c_in * taps, 22);
+            close(&depthwise_forward(&g, &x, &w), &naive_depthwise(&g, &x, &w));
+            let dy = values(g.batch * g.output_len(), 23);
+            let probe_x = values(x.len(), 24);
+            let probe_w = values(w.len(), 25);
+            let lhs = dot(&depthwise_input_grad(&g, &w, &dy), &probe_x);
+            let rhs = dot(&dy, &depthwise_forward(&g, &probe_x, &w));
+            assert!(
+                (lhs - rhs).abs() < 1e-3 * (1.0 + rhs.abs()),
+                "{isa:?} {g:?}: dx"
+            );
+            let lhs = dot(&depthwise_weight_grad(&g, &x, &dy), &probe_w);
+            let rhs = dot(&dy, &depthwise_forward(&g, &x, &probe_w));
+            assert!(
+                (lhs - rhs).abs() < 1e-3 * (1.0 + rhs.abs()),
+                "{isa:?} {g:?}: dW"
+            );
+        }
+    });
+}
+
+/// Every tier runs the same additions in the same order: bitwise the same results, on any
+/// number of threads.
+#[test]
+fn depthwise_and_activation_bits_do_not_depend_on_tier_or_threads() {
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let g = geometry([19, 6, 9, 9], [6, 3, 3], [2, 2], [(1, 1), (1, 1)]);
+    let x = values(g.batch * g.input_len(), 31);
+    let w = values(g.c_in * 9, 32);
+    let dy = values(g.batch * g.output_len(), 33);
+    let act_x: Vec<f32> = values(40_000, 34).iter().map(|v| v * 8.0).collect();
+    let act_dy = values(40_000, 35);
+    let run = |threads: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| {
+                let mut out = vec![
+                    bits(depthwise_forward(&g, &x, &w)),
+                    bits(depthwise_input_grad(&g, &w, &dy)),
+                    bits(depthwise_weight_grad(&g, &x, &dy)),
+                ];
+                for act in [Activation::Relu6, Activation::HardSwish] {
+                    out.push(bits(activation_forward(act, &act_x)));
+                    out.push(bits(activation_backward(act, &act_x, &act_dy)));
+                }
+                out
+            })
+    };
+    let reference = run(1);
+    at_every_isa(|isa| {
+        for threads in [1, 3] {
+            assert!(run(threads) == reference, "{isa:?}, {threads} threads");
+        }
+    });
 }

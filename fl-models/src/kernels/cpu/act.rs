@@ -1,0 +1,103 @@
+//! Elementwise activations with their derivatives, fused: one pass forward, one backward (Burn
+//! composes ReLU6 and hard-swish of clamps and masks, several passes and a branchy mask fill
+//! each). Values follow Burn's definitions exactly, boundaries included.
+
+use rayon::prelude::*;
+
+use crate::kernels::Activation;
+
+/// Elements per parallel task.
+const CHUNK: usize = 1 << 14;
+/// Hard-sigmoid's slope, as Burn's `hard_swish` passes it.
+const ALPHA: f32 = (1.0 / 6.0) as f32;
+
+#[inline(always)]
+fn forward_one(act: Activation, x: f32) -> f32 {
+    match act {
+        Activation::Identity => x,
+        // Burn: `float_clamp` NaN-propagating, `max(x, 0)` masked where x < 0.
+        Activation::Relu => {
+            if x < 0.0 {
+                0.0
+            } else {
+                x
+            }
+        }
+        Activation::Relu6 => x.clamp(0.0, 6.0),
+        Activation::HardSwish => x * (ALPHA * x + 0.5).clamp(0.0, 1.0),
+    }
+}
+
+/// d activation / dx at `x`, times `g`: the clamps pass the gradient on their closed interval,
+/// as Burn's masks (`x < lo`, `x > hi`) do.
+#[inline(always)]
+fn backward_one(act: Activation, x: f32, g: f32) -> f32 {
+    match act {
+        Activation::Identity => g,
+        Activation::Relu => {
+            if x < 0.0 {
+                0.0
+            } else {
+                g
+            }
+        }
+        // Written out (not `contains`) so that NaN passes its gradient, as Burn's masks do.
+        #[allow(clippy::manual_range_contains)]
+        Activation::Relu6 => {
+            if x < 0.0 || x > 6.0 {
+                0.0
+            } else {
+                g
+            }
+        }
+        Activation::HardSwish => {
+            let t = ALPHA * x + 0.5;
+            let slope = if (0.0..=1.0).contains(&t) {
+                x * ALPHA
+            } else {
+                0.0
+            };
+            g * (t.clamp(0.0, 1.0) + slope)
+        }
+    }
+}
+
+#[inline(always)]
+fn forward_generic(act: Activation, x: &[f32], y: &mut [f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y = forward_one(act, *x);
+    }
+}
+
+#[inline(always)]
+fn backward_generic(act: Activation, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    for ((d, x), g) in dx.iter_mut().zip(x).zip(dy) {
+        *d = backward_one(act, *x, *g);
+    }
+}
+
+best_isa! {
+    fn forward_chunk => forward_generic(act: Activation, x: &[f32], y: &mut [f32])
+}
+
+best_isa! {
+    fn backward_chunk => backward_generic(act: Activation, x: &[f32], dy: &[f32], dx: &mut [f32])
+}
+
+/// The activation of every element of `x`.
+pub fn activation_forward(act: Activation, x: &[f32]) -> Vec<f32> {
+    let mut y = vec![0.0f32; x.len()];
+    y.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(y, x)| forward_chunk(act, x, y));
+    y
+}
+
+/// The gradient of [`activation_forward`] with respect to `x`, given the output gradient `dy`.
+pub fn activation_backward(act: Activation, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    let mut dx = vec![0.0f32; x.len()];
+    dx.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
+        .for_each(|(dx, (x, dy))| backward_chunk(act, x, dy, dx));
+    dx
+}

@@ -1,0 +1,309 @@
+//! Depthwise convolutions (groups = channels, one `kh × kw` filter per channel, any stride and
+//! padding): the MobileNets' spatial layers.
+//!
+//! Each (sample, channel) plane is copied once into a zero-padded buffer split into
+//! `sh × sw` phases (phase `(ry, rx)` holds padded pixels `(i·sh + ry, j·sw + rx)`), each phase
+//! `width` columns wide. Output `(oy, ox)` then reads, through kernel tap `(ky, kx)`, entry
+//! `oy·width + ox + offset(ky, kx)` of phase `(ky mod sh, kx mod sw)`: laid out "wide" (output
+//! rows `width` long, the few extra columns computed and dropped), every tap is one contiguous
+//! multiply-add over the whole plane, which the compiler vectorises. The forward pass and the
+//! input gradient run one plane per task; the weight gradient one channel per task, with
+//! fixed-width partial sums over all samples, so no result depends on the thread count or on
+//! the vector width.
+
+use rayon::prelude::*;
+
+use super::Conv2dGeometry;
+
+/// Partial sums per weight-gradient tap (a fixed count, so every tier adds in the same order).
+const LANES: usize = 32;
+
+/// A plane's zero-padded copy split into stride phases, plus the wide output buffer.
+struct Phased {
+    /// Row and column strides (`sh × sw` phases).
+    strides: [usize; 2],
+    /// Rows and columns per phase.
+    rows: usize,
+    width: usize,
+    data: Vec<f32>,
+    /// One output plane laid out wide (`oh × width`).
+    wide: Vec<f32>,
+}
+
+impl Phased {
+    fn new(g: &Conv2dGeometry) -> Self {
+        let [sh, sw] = g.stride;
+        let [kh, kw] = g.kernel;
+        let [oh, ow] = g.output;
+        // Enough rows and columns for every output: `(o − 1)·s + k` padded, split in phases.
+        let rows = ((oh - 1) * sh + kh).div_ceil(sh);
+        let width = ((ow - 1) * sw + kw).div_ceil(sw);
+        Self {
+            strides: [sh, sw],
+            rows,
+            width,
+            // One spare row per phase: the last taps' wide runs reach past the last row.
+            data: vec![0.0; sh * sw * (rows + 1) * width],
+            wide: vec![0.0; oh * width],
+        }
+    }
+
+    fn phase_len(&self) -> usize {
+        (self.rows + 1) * self.width
+    }
+
+    /// Where tap `(ky, kx)` of output `(0, 0)` reads.
+    #[inline(always)]
+    fn tap_offset(&self, ky: usize, kx: usize) -> usize {
+        let [sh, sw] = self.strides;
+        ((ky % sh) * sw + kx % sw) * self.phase_len() + (ky / sh) * self.width + kx / sw
+    }
+
+    /// Fills the phases from one input plane (zeros outside it).
+    #[inline(always)]
+    fn load(&mut self, g: &Conv2dGeometry, plane: &[f32]) {
+        let [h, w] = g.input;
+        let [pt, pl] = g.pad_begin;
+        let [sh, sw] = self.strides;
+        let (width, phase_len) = (self.width, self.phase_len());
+        for ry in 0..sh {
+            for rx in 0..sw {
+                let phase = &mut self.data[(ry * sw + rx) * phase_len..][..phase_len];
+                // Phase columns j whose input column j·sw + rx − pl lies in [0, w).
+                let j0 = pl.saturating_sub(rx).div_ceil(sw).min(width);
+                let j1 = if w + pl > rx {
+                    ((w + pl - rx - 1) / sw + 1).min(width)
+                } else {
+                    0
+                }
+                .max(j0);
+                for (i, dst) in phase.chunks_exact_mut(width).enumerate() {
+                    let iy = (i * sh + ry).wrapping_sub(pt);
+                    if iy >= h || i >= self.rows {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[iy * w..(iy + 1) * w];
+                    dst[..j0].fill(0.0);
+                    let x0 = j0 * sw + rx - pl;
+                    if sw == 1 {
+                        dst[j0..j1].copy_from_slice(&src[x0..x0 + (j1 - j0)]);
+                    } else {
+                        for (d, s) in dst[j0..j1].iter_mut().zip(src[x0..].iter().step_by(sw)) {
+                            *d = *s;
+                        }
+                    }
+                    dst[j1..].fill(0.0);
+                }
+            }
+        }
+    }
+
+    /// Writes the phases' entries that lie inside the input to one input-gradient plane (the
+    /// adjoint of [`Phased::load`]; input pixels no output reads get zero).
+    #[inline(always)]
+    fn store(&self, g: &Conv2dGeometry, plane: &mut [f32]) {
+        let [h, w] = g.input;
+        let [pt, pl] = g.pad_begin;
+        let [sh, sw] = self.strides;
+        let (width, phase_len) = (self.width, self.phase_len());
+        plane.fill(0.0);
+        for ry in 0..sh {
+            for rx in 0..sw {
+                let phase = &self.data[(ry * sw + rx) * phase_len..][..self.rows * width];
+                let j0 = pl.saturating_sub(rx).div_ceil(sw).min(width);
+                let j1 = if w + pl > rx {
+                    ((w + pl - rx - 1) / sw + 1).min(width)
+                } else {
+                    0
+                }
+                .max(j0);
+                for (i, src) in phase.chunks_exact(width).enumerate() {
+                    let iy = (i * sh + ry).wrapping_sub(pt);
+                    if iy >= h {
+                        continue;
+                    }
+                    let dst = &mut plane[iy * w..(iy + 1) * w];
+                    let x0 = j0 * sw + rx - pl;
+                    for (k, v) in src[j0..j1].iter().enumerate() {
+                        dst[x0 + k * sw] = *v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+best_isa! {
+    fn forward_plane => forward_plane_generic(g: &Conv2dGeometry, w: &[f32], x: &[f32], buf: &mut Phased, y: &mut [f32])
+}
+
+best_isa! {
+    fn input_grad_plane => input_grad_plane_generic(g: &Conv2dGeometry, w: &[f32], dy: &[f32], buf: &mut Phased, dx: &mut [f32])
+}
+
+best_isa! {
+    fn weight_grad_channel => weight_grad_channel_generic(g: &Conv2dGeometry, c: usize, x: &[f32], dy: &[f32], buf: &mut Phased, dw: &mut [f32])
+}
+
+fn planes(g: &Conv2dGeometry) -> (usize, usize) {
+    (g.input[0] * g.input[1], g.out_plane())
+}
+
+/// Depthwise forward pass (no bias): `x` is `[batch, c, h, w]`, `weight` `[c, 1, kh, kw]`.
+pub fn depthwise_forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
+    let (in_plane, out_plane) = planes(g);
+    let taps = g.kernel[0] * g.kernel[1];
+    let mut y = vec![0.0f32; g.batch * g.c_in * out_plane];
+    y.par_chunks_mut(out_plane)
+        .zip(x.par_chunks(in_plane))
+        .enumerate()
+        .for_each_init(
+            || Phased::new(g),
+            |buf, (i, (y, x))| {
+                let c = i % g.c_in;
+                forward_plane(g, &weight[c * taps..(c + 1) * taps], x, buf, y)
+            },
+        );
+    y
+}
+
+#[inline(always)]
+fn forward_plane_generic(
+    g: &Conv2dGeometry,
+    w: &[f32],
+    x: &[f32],
+    buf: &mut Phased,
+    y: &mut [f32],
+) {
+    let [kh, kw] = g.kernel;
+    let ow = g.output[1];
+    buf.load(g, x);
+    let len = buf.wide.len();
+    buf.wide.fill(0.0);
+    for ky in 0..kh {
+        for kx in 0..kw {
+            let weight = w[ky * kw + kx];
+            let input = &buf.data[buf.tap_offset(ky, kx)..][..len];
+            for (o, v) in buf.wide.iter_mut().zip(input) {
+                *o += weight * v;
+            }
+        }
+    }
+    for (dst, src) in y.chunks_exact_mut(ow).zip(buf.wide.chunks_exact(buf.width)) {
+        dst.copy_from_slice(&src[..ow]);
+    }
+}
+
+/// Gradient of [`depthwise_forward`] with respect to its input.
+pub fn depthwise_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    let (in_plane, out_plane) = planes(g);
+    let taps = g.kernel[0] * g.kernel[1];
+    let mut dx = vec![0.0f32; g.batch * g.c_in * in_plane];
+    dx.par_chunks_mut(in_plane)
+        .zip(dy.par_chunks(out_plane))
+        .enumerate()
+        .for_each_init(
+            || Phased::new(g),
+            |buf, (i, (dx, dy))| {
+                let c = i % g.c_in;
+                input_grad_plane(g, &weight[c * taps..(c + 1) * taps], dy, buf, dx)
+            },
+        );
+    dx
+}
+
+/// `dy` laid out wide, zeros in the extra columns (so they add nothing).
+#[inline(always)]
+fn widen(buf: &mut Phased, ow: usize, dy: &[f32]) {
+    for (dst, src) in buf
+        .wide
+        .chunks_exact_mut(buf.width)
+        .zip(dy.chunks_exact(ow))
+    {
+        dst[..ow].copy_from_slice(src);
+        dst[ow..].fill(0.0);
+    }
+}
+
+#[inline(always)]
+fn input_grad_plane_generic(
+    g: &Conv2dGeometry,
+    w: &[f32],
+    dy: &[f32],
+    buf: &mut Phased,
+    dx: &mut [f32],
+) {
+    let [kh, kw] = g.kernel;
+    widen(buf, g.output[1], dy);
+    buf.data.fill(0.0);
+    let len = buf.wide.len();
+    for ky in 0..kh {
+        for kx in 0..kw {
+            let weight = w[ky * kw + kx];
+            let offset = buf.tap_offset(ky, kx);
+            for (d, v) in buf.data[offset..][..len].iter_mut().zip(&buf.wide) {
+                *d += weight * v;
+            }
+        }
+    }
+    buf.store(g, dx);
+}
+
+/// Gradient of [`depthwise_forward`] with respect to its weight `[c, 1, kh, kw]`.
+pub fn depthwise_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    let taps = g.kernel[0] * g.kernel[1];
+    let mut dw = vec![0.0f32; g.c_in * taps];
+    dw.par_chunks_mut(taps).enumerate().for_each_init(
+        || Phased::new(g),
+        |buf, (c, dw)| weight_grad_channel(g, c, x, dy, buf, dw),
+    );
+    dw
+}
+
+#[inline(always)]
+fn weight_grad_channel_generic(
+    g: &Conv2dGeometry,
+    c: usize,
+    x: &[f32],
+    dy: &[f32],
+    buf: &mut Phased,
+    dw: &mut [f32],
+) {
+    let (in_plane, out_plane) = planes(g);
+    let [kh, kw] = g.kernel;
+    let len = buf.wide.len();
+    // LANES partial sums per tap over every sample, added up once at the end.
+    let mut lanes = vec![[0.0f32; LANES]; kh * kw];
+    for n in 0..g.batch {
+        let plane = n * g.c_in + c;
+        buf.load(g, &x[plane * in_plane..(plane + 1) * in_plane]);
+        widen(
+            buf,
+            g.output[1],
+            &dy[plane * out_plane..(plane + 1) * out_plane],
+        );
+        for ky in 0..kh {
+            for kx in 0..kw {
+                // In registers while the plane is swept (a store per step would not vectorise).
+                let mut acc = lanes[ky * kw + kx];
+                let input = &buf.data[buf.tap_offset(ky, kx)..][..len];
+                let (grad, rest) = buf.wide.split_at(len - len % LANES);
+                for (d, v) in grad.chunks_exact(LANES).zip(input.chunks_exact(LANES)) {
+                    let d: &[f32; LANES] = d.try_into().expect("a full chunk");
+                    let v: &[f32; LANES] = v.try_into().expect("a full chunk");
+                    for l in 0..LANES {
+                        acc[l] += d[l] * v[l];
+                    }
+                }
+                for (l, (d, v)) in rest.iter().zip(&input[grad.len()..]).enumerate() {
+                    acc[l] += d * v;
+                }
+                lanes[ky * kw + kx] = acc;
+            }
+        }
+    }
+    for (dw, acc) in dw.iter_mut().zip(&lanes) {
+        *dw = super::sum(acc);
+    }
+}

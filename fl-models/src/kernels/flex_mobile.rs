@@ -1,0 +1,279 @@
+//! The MobileNets' kernels as a second Burn backend extension: depthwise convolutions and the
+//! fused ReLU6 / hard-swish activations, with their own backward passes for autodiff.
+
+use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::{Autodiff, NodeId};
+use burn::backend::{
+    Backend, Dispatch, Flex, TensorMetadata, backend_extension, tensor::FloatTensor,
+};
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::{DType, Tensor, TensorData};
+use burn_flex::FlexTensor;
+
+use super::Activation;
+use super::cpu::{self, Conv2dGeometry};
+use super::flex::{UNSUPPORTED, contiguous, dims4, flex_tensor, on_flex, slice, spatial_geometry};
+
+/// Depthwise convolutions and fused activations for CPU backends, with hand-written backward
+/// passes.
+#[backend_extension(Flex, Autodiff)]
+pub trait MobileKernelOps: Backend {
+    /// Depthwise 2-D convolution without bias: groups = input channels = output channels,
+    /// weight `[c, 1, kh, kw]`, dilation 1.
+    fn fl_depthwise(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self>;
+    /// Gradient of [`fl_depthwise`](MobileKernelOps::fl_depthwise) with respect to its input.
+    fn fl_depthwise_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self>;
+    /// Gradient of [`fl_depthwise`](MobileKernelOps::fl_depthwise) with respect to its weight.
+    fn fl_depthwise_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self>;
+    /// An elementwise activation in one pass.
+    fn fl_activation(x: FloatTensor<Self>, act: Activation) -> FloatTensor<Self>;
+    /// Gradient of [`fl_activation`](MobileKernelOps::fl_activation) with respect to its input.
+    fn fl_activation_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        act: Activation,
+    ) -> FloatTensor<Self>;
+}
+
+/// The geometry of a depthwise convolution the kernels handle (groups = input channels =
+/// output channels ≥ 2, one input channel per filter, dilation 1), or `None`.
+fn depthwise_geometry(
+    x: [usize; 4],
+    w: [usize; 4],
+    options: &ConvOptions<2>,
+) -> Option<Conv2dGeometry> {
+    let channels = x[1];
+    let depthwise = channels >= 2 && options.groups == channels && w[0] == channels && w[1] == 1;
+    depthwise.then(|| spatial_geometry(x, w, options)).flatten()
+}
+
+/// Whether the kernels handle this (bias-free) depthwise convolution: `f32` tensors on flex.
+pub(super) fn handles_depthwise(
+    x: &Tensor<4>,
+    weight: &Tensor<4>,
+    options: &ConvOptions<2>,
+) -> bool {
+    x.dtype() == DType::F32
+        && weight.dtype() == DType::F32
+        && on_flex(x)
+        && depthwise_geometry(x.dims(), weight.dims(), options).is_some()
+}
+
+/// Runs [`MobileKernelOps::fl_depthwise`] through Burn's dispatch.
+pub(super) fn depthwise(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tensor<4> {
+    Tensor::from_dispatch(<Dispatch as MobileKernelOps>::fl_depthwise(
+        x.into_dispatch(),
+        weight.into_dispatch(),
+        options,
+    ))
+}
+
+/// Whether the fused activations handle this tensor: `f32` on flex.
+pub(super) fn handles<const D: usize>(x: &Tensor<D>) -> bool {
+    x.dtype() == DType::F32 && on_flex(x)
+}
+
+/// Runs [`MobileKernelOps::fl_activation`] through Burn's dispatch.
+pub(super) fn activation<const D: usize>(x: Tensor<D>, act: Activation) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as MobileKernelOps>::fl_activation(
+        x.into_dispatch(),
+        act,
+    ))
+}
+
+fn geometry_of(x: &FlexTensor, weight: &FlexTensor, options: &ConvOptions<2>) -> Conv2dGeometry {
+    depthwise_geometry(dims4(&x.shape()), dims4(&weight.shape()), options).expect(UNSUPPORTED)
+}
+
+impl MobileKernelOps for Flex {
+    fn fl_depthwise(x: FlexTensor, weight: FlexTensor, options: ConvOptions<2>) -> FlexTensor {
+        let g = geometry_of(&x, &weight, &options);
+        let (x, weight) = (contiguous(x), contiguous(weight));
+        let y = cpu::depthwise_forward(&g, slice(&x), slice(&weight));
+        flex_tensor(y, [g.batch, g.c_out, g.output[0], g.output[1]])
+    }
+
+    fn fl_depthwise_x_backward(
+        x: FlexTensor,
+        weight: FlexTensor,
+        grad: FlexTensor,
+        options: ConvOptions<2>,
+    ) -> FlexTensor {
+        let g = geometry_of(&x, &weight, &options);
+        let (weight, grad) = (contiguous(weight), contiguous(grad));
+        let dx = cpu::depthwise_input_grad(&g, slice(&weight), slice(&grad));
+        flex_tensor(dx, [g.batch, g.c_in, g.input[0], g.input[1]])
+    }
+
+    fn fl_depthwise_weight_backward(
+        x: FlexTensor,
+        weight: FlexTensor,
+        grad: FlexTensor,
+        options: ConvOptions<2>,
+    ) -> FlexTensor {
+        let g = geometry_of(&x, &weight, &options);
+        let w_dims = dims4(&weight.shape());
+        let (x, grad) = (contiguous(x), contiguous(grad));
+        flex_tensor(
+            cpu::depthwise_weight_grad(&g, slice(&x), slice(&grad)),
+            w_dims,
+        )
+    }
+
+    fn fl_activation(x: FlexTensor, act: Activation) -> FlexTensor {
+        let shape = x.shape();
+        let x = contiguous(x);
+        let y = cpu::activation_forward(act, slice(&x));
+        FlexTensor::from_data(TensorData::new(y, shape))
+    }
+
+    fn fl_activation_backward(x: FlexTensor, grad: FlexTensor, act: Activation) -> FlexTensor {
+        let shape = x.shape();
+        let (x, grad) = (contiguous(x), contiguous(grad));
+        let dx = cpu::activation_backward(act, slice(&x), slice(&grad));
+        FlexTensor::from_data(TensorData::new(dx, shape))
+    }
+}
+
+/// The depthwise convolution's autodiff node: parents (x, weight).
+#[derive(Debug)]
+struct DepthwiseBackward;
+
+impl<B: Backend + MobileKernelOps> Backward<B, 2> for DepthwiseBackward {
+    type State = (NodeId, NodeId, ConvOptions<2>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, weight, options) = ops.state;
+        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x);
+        let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(weight);
+        let [node_x, node_weight] = ops.parents;
+        if let Some(node) = node_x {
+            let dx = B::fl_depthwise_x_backward(
+                x.clone(),
+                weight.clone(),
+                grad.clone(),
+                options.clone(),
+            );
+            grads.register::<B>(node.id, dx);
+        }
+        if let Some(node) = node_weight {
+            let dw = B::fl_depthwise_weight_backward(x, weight, grad, options);
+            grads.register::<B>(node.id, dw);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ActivationBackward;
+
+impl<B: Backend + MobileKernelOps> Backward<B, 1> for ActivationBackward {
+    type State = (NodeId, Activation);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, act) = ops.state;
+        let [node_x] = ops.parents;
+        if let Some(node) = node_x {
+            let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x);
+            grads.register::<B>(node.id, B::fl_activation_backward(x, grad, act));
+        }
+    }
+}
+
+/// Autodiff: the forward pass runs on the inner backend and records a node whose backward pass
+/// calls the gradient kernels. The gradient kernels themselves are not differentiable again.
+impl<B: Backend + MobileKernelOps, C: CheckpointStrategy> MobileKernelOps for Autodiff<B, C> {
+    fn fl_depthwise(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        match DepthwiseBackward
+            .prepare::<C>([x.node(), weight.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let state = (
+                    prep.checkpoint(&x),
+                    prep.checkpoint(&weight),
+                    options.clone(),
+                );
+                let y = B::fl_depthwise(x.into_primitive(), weight.into_primitive(), options);
+                prep.finish(state, y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::fl_depthwise(
+                x.into_primitive(),
+                weight.into_primitive(),
+                options,
+            )),
+        }
+    }
+
+    fn fl_depthwise_x_backward(
+        _x: FloatTensor<Self>,
+        _weight: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+        _options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        unimplemented!("second-order gradients of the flex depthwise kernels")
+    }
+
+    fn fl_depthwise_weight_backward(
+        _x: FloatTensor<Self>,
+        _weight: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+        _options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        unimplemented!("second-order gradients of the flex depthwise kernels")
+    }
+
+    fn fl_activation(x: FloatTensor<Self>, act: Activation) -> FloatTensor<Self> {
+        match ActivationBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let state = (prep.checkpoint(&x), act);
+                prep.finish(state, B::fl_activation(x.into_primitive(), act))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::fl_activation(x.into_primitive(), act)),
+        }
+    }
+
+    fn fl_activation_backward(
+        _x: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+        _act: Activation,
+    ) -> FloatTensor<Self> {
+        unimplemented!("second-order gradients of the fused activations")
+    }
+}
