@@ -32,6 +32,29 @@ pub struct BenchArgs {
     pub epochs: usize,
     /// Worker threads (clients trained in parallel).
     pub threads: usize,
+    /// Input shape `[channels, height, width]` of the synthetic images.
+    pub input: [usize; 3],
+}
+
+/// Parses `CxHxW` (e.g. `1x28x28`) for `fl bench --input`: 1–16 channels, sides of 16–256
+/// pixels.
+pub fn parse_input_shape(text: &str) -> Result<[usize; 3], String> {
+    let dims: Vec<usize> = text
+        .split('x')
+        .map(|d| d.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("'{text}' is not CxHxW (e.g. 3x32x32)"))?;
+    // Every model accepts 16×16 (VGG-16's five pools need it) and up.
+    match dims[..] {
+        [c, h, w]
+            if (1..=16).contains(&c) && (16..=256).contains(&h) && (16..=256).contains(&w) =>
+        {
+            Ok([c, h, w])
+        }
+        _ => Err(format!(
+            "'{text}' is not CxHxW with 1-16 channels and sides of 16-256 pixels (e.g. 1x28x28)"
+        )),
+    }
 }
 
 impl BenchArgs {
@@ -43,6 +66,7 @@ impl BenchArgs {
             clients: 2,
             epochs: 1,
             threads,
+            input: [3, 32, 32],
         }
     }
 }
@@ -75,13 +99,14 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         .build()
         .context("thread pool")?;
     let device = backend::device();
-    let data = synthetic(args.samples * args.clients, [3, 32, 32], 10);
+    let [c, h, w] = args.input;
+    let data = synthetic(args.samples * args.clients, args.input, 10);
     let norm = Normalization {
-        mean: vec![0.5; 3],
-        std: vec![0.25; 3],
+        mean: vec![0.5; c],
+        std: vec![0.25; c],
     };
     println!(
-        "backend {} ({}), {} threads; 3×32×32 inputs, 10 classes, batch 50, SGD lr 0.01 \
+        "backend {} ({}), {} threads; {c}×{h}×{w} inputs, 10 classes, batch 50, SGD lr 0.01 \
          momentum 0.5; a round = {} clients × {} epochs × {} samples",
         backend::name(),
         if fl_models::kernels::enabled() {
@@ -98,7 +123,7 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     for &model in &args.models {
         let ad = device.clone().autodiff();
         ad.seed(1);
-        let row = with_model!(model, [3, 32, 32], 10, &ad, |m| pool
+        let row = with_model!(model, args.input, 10, &ad, |m| pool
             .install(|| measure(model, m, &data, &norm, args, &device)))?;
         rows.push(row);
     }

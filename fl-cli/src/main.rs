@@ -119,6 +119,9 @@ enum Command {
         /// Worker threads (default: all cores).
         #[arg(long)]
         threads: Option<usize>,
+        /// Input shape CxHxW of the synthetic images (the papers use 3x32x32 and 1x28x28).
+        #[arg(long, default_value = "3x32x32", value_parser = bench::parse_input_shape)]
+        input: [usize; 3],
         /// A seconds-long smoke run (2 clients × 1 epoch × 20 samples).
         #[arg(long)]
         quick: bool,
@@ -373,6 +376,7 @@ fn main() -> ExitCode {
             clients,
             epochs,
             threads,
+            input,
             quick,
             burn_kernels,
             round: None,
@@ -385,7 +389,10 @@ fn main() -> ExitCode {
                 let threads = threads
                     .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
                 let args = if quick {
-                    bench::BenchArgs::quick(models, threads)
+                    bench::BenchArgs {
+                        input,
+                        ..bench::BenchArgs::quick(models, threads)
+                    }
                 } else {
                     bench::BenchArgs {
                         models,
@@ -393,6 +400,7 @@ fn main() -> ExitCode {
                         clients,
                         epochs,
                         threads,
+                        input,
                     }
                 };
                 fl_models::kernels::set_enabled(!burn_kernels);

@@ -427,6 +427,25 @@ fn bench_quick_prints_a_row_per_model() {
         "{}",
         stderr(&o)
     );
+    // 1-channel inputs: the models adapt to the input shape.
+    let o = fl(&[
+        "bench",
+        "--quick",
+        "--models",
+        "cnn1,mobilenet-v3",
+        "--input",
+        "1x28x28",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("1×28×28 inputs"), "{text}");
+    assert!(text.contains("| cnn1 | 1663370 |"), "{text}");
+    assert!(text.contains("| mobilenet-v3 | 1527818 |"), "{text}");
+    for bad in ["1x8x8", "3x32", "ax32x32", "0x32x32"] {
+        let o = fl(&["bench", "--quick", "--input", bad]);
+        assert_eq!(o.status.code(), Some(1), "{bad}");
+        assert!(stderr(&o).contains("is not CxHxW"), "{bad}: {}", stderr(&o));
+    }
 }
 
 /// `fl bench --round CONFIG` times one round of a config's run, pFedClub's server phases too,
