@@ -1,11 +1,11 @@
 //! pFedClub's custom CNNs (CNN1–CNN4), as one configurable stack of conv and FC layers.
 
+use crate::kernels::relu;
 use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{BatchNorm, Linear};
-use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Classifier, Features};

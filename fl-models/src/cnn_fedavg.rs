@@ -1,9 +1,9 @@
+use crate::kernels::relu;
 use crate::kernels::{conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Features};

@@ -1,11 +1,12 @@
 //! MobileNetV1, V2 and V3-Small with CIFAR-sized strides (32×32 inputs keep a useful map size).
 
+use crate::kernels::relu;
 use crate::kernels::{batch_norm_forward, conv2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
 use burn::nn::{BatchNorm, Linear};
-use burn::tensor::activation::{hard_sigmoid, relu};
+use burn::tensor::activation::hard_sigmoid;
 use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Classifier, Features};

@@ -1,11 +1,11 @@
 //! ResNet-20 as published (He et al. 2016) and as the FedMR authors ran it.
 
+use crate::kernels::relu;
 use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2dConfig};
 use burn::nn::{BatchNorm, Initializer, Linear, LinearConfig};
-use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Features};

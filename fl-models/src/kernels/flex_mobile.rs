@@ -43,7 +43,8 @@ pub trait MobileKernelOps: Backend {
     ) -> FloatTensor<Self>;
     /// An elementwise activation in one pass.
     fn fl_activation(x: FloatTensor<Self>, act: Activation) -> FloatTensor<Self>;
-    /// Gradient of [`fl_activation`](MobileKernelOps::fl_activation) with respect to its input.
+    /// Gradient of [`fl_activation`](MobileKernelOps::fl_activation) with respect to its input,
+    /// given its input `x` (or, for ReLU, its output).
     fn fl_activation_backward(
         x: FloatTensor<Self>,
         grad: FloatTensor<Self>,
@@ -185,11 +186,19 @@ impl<B: Backend + MobileKernelOps> Backward<B, 2> for DepthwiseBackward {
     }
 }
 
+/// What an activation's backward pass reads: its input (checkpointed), or for ReLU its output
+/// (as Burn's ReLU keeps it; the next layer usually holds that tensor anyway).
+#[derive(Debug, Clone)]
+enum Saved<B: Backend> {
+    Input(NodeId),
+    Output(FloatTensor<B>),
+}
+
 #[derive(Debug)]
 struct ActivationBackward;
 
 impl<B: Backend + MobileKernelOps> Backward<B, 1> for ActivationBackward {
-    type State = (NodeId, Activation);
+    type State = (Saved<B>, Activation);
 
     fn backward(
         self,
@@ -198,10 +207,13 @@ impl<B: Backend + MobileKernelOps> Backward<B, 1> for ActivationBackward {
         checkpointer: &mut Checkpointer,
     ) {
         let grad = grads.consume::<B>(&ops.node);
-        let (x, act) = ops.state;
+        let (saved, act) = ops.state;
         let [node_x] = ops.parents;
         if let Some(node) = node_x {
-            let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x);
+            let x = match saved {
+                Saved::Input(x) => checkpointer.retrieve_node_output::<FloatTensor<B>>(x),
+                Saved::Output(y) => y,
+            };
             grads.register::<B>(node.id, B::fl_activation_backward(x, grad, act));
         }
     }
@@ -261,8 +273,12 @@ impl<B: Backend + MobileKernelOps, C: CheckpointStrategy> MobileKernelOps for Au
             .compute_bound()
             .stateful()
         {
+            OpsKind::Tracked(prep) if act == Activation::Relu => {
+                let y = B::fl_activation(x.into_primitive(), act);
+                prep.finish((Saved::Output(y.clone()), act), y)
+            }
             OpsKind::Tracked(mut prep) => {
-                let state = (prep.checkpoint(&x), act);
+                let state = (Saved::Input(prep.checkpoint(&x)), act);
                 prep.finish(state, B::fl_activation(x.into_primitive(), act))
             }
             OpsKind::UnTracked(prep) => prep.finish(B::fl_activation(x.into_primitive(), act)),

@@ -87,11 +87,11 @@ pub enum Activation {
 }
 
 impl Activation {
-    /// Applies the activation: ReLU6 and hard-swish on a fused kernel (one pass each way) where
-    /// the kernels apply, otherwise (and always for the identity and ReLU) Burn's own ops.
+    /// Applies the activation: on the fused parallel kernel (one pass each way) where the
+    /// kernels apply, otherwise Burn's own ops.
     pub fn apply<const D: usize>(self, x: Tensor<D>) -> Tensor<D> {
         #[cfg(feature = "flex")]
-        if matches!(self, Self::Relu6 | Self::HardSwish) && enabled() && flex_mobile::handles(&x) {
+        if self != Self::Identity && enabled() && flex_mobile::handles(&x) {
             return flex_mobile::activation(x, self);
         }
         match self {
@@ -101,6 +101,12 @@ impl Activation {
             Self::HardSwish => burn::tensor::activation::hard_swish(x),
         }
     }
+}
+
+/// ReLU, bitwise as Burn's [`relu`](burn::tensor::activation::relu), on the parallel kernel
+/// where it applies.
+pub fn relu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    Activation::Relu.apply(x)
 }
 
 /// 2-D max-pooling, as [`burn::tensor::module::max_pool2d`], on the fast kernel where it applies.
@@ -354,21 +360,33 @@ mod tests {
                     .unwrap();
             values.extend(edges);
             let n = values.len();
-            for act in [Activation::Relu6, Activation::HardSwish] {
+            let bits = |t: Tensor<4>| {
+                let v = t.into_data().try_to_vec::<f32>().unwrap();
+                v.into_iter().map(f32::to_bits).collect::<Vec<_>>()
+            };
+            for act in [Activation::Relu, Activation::Relu6, Activation::HardSwish] {
                 let x = Tensor::<1>::from_floats(values.as_slice(), &device)
                     .reshape([1, 1, 1, n])
                     .require_grad();
                 let ours = act.apply(x.clone());
                 let burns = match act {
+                    Activation::Relu => burn::tensor::activation::relu(x.clone()),
                     Activation::Relu6 => burn::tensor::activation::relu6(x.clone()),
                     _ => burn::tensor::activation::hard_swish(x.clone()),
                 };
-                close(ours.clone(), burns.clone());
                 let probe =
                     Tensor::<4>::random([1, 1, 1, n], Distribution::Normal(0.0, 1.0), &device);
-                let g_ours = (ours * probe.clone()).sum().backward();
-                let g_burn = (burns * probe).sum().backward();
-                close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
+                let g_ours = (ours.clone() * probe.clone()).sum().backward();
+                let g_burn = (burns.clone() * probe).sum().backward();
+                let (dx_ours, dx_burn) = (x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
+                if act == Activation::Relu {
+                    // ReLU is bitwise Burn's (models switched to it keep their pinned results).
+                    assert_eq!(bits(ours), bits(burns));
+                    assert_eq!(bits(dx_ours), bits(dx_burn));
+                } else {
+                    close(ours, burns);
+                    close(dx_ours, dx_burn);
+                }
             }
         };
         cpu::tests::at_every_isa(check);

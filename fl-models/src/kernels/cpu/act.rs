@@ -1,6 +1,7 @@
-//! Elementwise activations with their derivatives, fused: one pass forward, one backward (Burn
-//! composes ReLU6 and hard-swish of clamps and masks, several passes and a branchy mask fill
-//! each). Values follow Burn's definitions exactly, boundaries included.
+//! Elementwise activations with their derivatives, fused: one pass forward, one backward, split
+//! over the thread pool (Burn composes ReLU6 and hard-swish of clamps and masks, several passes
+//! and a branchy mask fill each, and runs its elementwise ops on one thread). Values follow
+//! Burn's definitions exactly, boundaries included; ReLU is bitwise Burn's.
 
 use rayon::prelude::*;
 
@@ -15,12 +16,12 @@ const ALPHA: f32 = (1.0 / 6.0) as f32;
 fn forward_one(act: Activation, x: f32) -> f32 {
     match act {
         Activation::Identity => x,
-        // Burn: `float_clamp` NaN-propagating, `max(x, 0)` masked where x < 0.
+        // Exactly Burn's flex ReLU (NaN kept, −0 → 0).
         Activation::Relu => {
-            if x < 0.0 {
-                0.0
-            } else {
+            if x > 0.0 || x.is_nan() {
                 x
+            } else {
+                0.0
             }
         }
         Activation::Relu6 => x.clamp(0.0, 6.0),
@@ -34,11 +35,13 @@ fn forward_one(act: Activation, x: f32) -> f32 {
 fn backward_one(act: Activation, x: f32, g: f32) -> f32 {
     match act {
         Activation::Identity => g,
+        // Exactly Burn's `relu_backward`; `x` may be the input or the output (both are > 0 or
+        // NaN at the same places).
         Activation::Relu => {
-            if x < 0.0 {
-                0.0
-            } else {
+            if x > 0.0 || x.is_nan() {
                 g
+            } else {
+                0.0
             }
         }
         // Written out (not `contains`) so that NaN passes its gradient, as Burn's masks do.

@@ -437,7 +437,7 @@ fn depthwise_and_activation_bits_do_not_depend_on_tier_or_threads() {
                     bits(depthwise_input_grad(&g, &w, &dy)),
                     bits(depthwise_weight_grad(&g, &x, &dy)),
                 ];
-                for act in [Activation::Relu6, Activation::HardSwish] {
+                for act in [Activation::Relu, Activation::Relu6, Activation::HardSwish] {
                     out.push(bits(activation_forward(act, &act_x)));
                     out.push(bits(activation_backward(act, &act_x, &act_dy)));
                 }
