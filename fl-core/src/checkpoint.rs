@@ -5,11 +5,12 @@
 //! that header and every tensor byte: a damaged file is refused on resume rather than trained
 //! from, and the same state always gives the same bytes (one key, so no map order to vary).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
 use burn::tensor::Device;
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::{Dtype, View};
 use sha2::{Digest, Sha256};
 
 use crate::layers::ParamTable;
@@ -77,10 +78,49 @@ fn checksum<'a>(header: &Header, tensors: impl IntoIterator<Item = (&'a str, &'a
         hash.update(name.as_bytes());
         hash.update(bytes);
     }
+    hex(hash)
+}
+
+fn hex(hash: Sha256) -> String {
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Writes `state` after `round` to `path` atomically.
+/// One tensor of a checkpoint being written, copied off its table only when its bytes are
+/// needed: a checkpoint of 50 MobileNets never holds a second copy of every model.
+struct LazyTensor<'a> {
+    name: String,
+    table: &'a ParamTable,
+    index: usize,
+    shape: Vec<usize>,
+}
+
+impl LazyTensor<'_> {
+    fn bytes(&self) -> Result<Vec<u8>, crate::layers::LayerError> {
+        let values = self.table.tensor_host(self.index)?;
+        Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+}
+
+impl View for &LazyTensor<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        // `save` has read every tensor once already, for the checksum.
+        Cow::Owned(self.bytes().expect("a tensor read before reads again"))
+    }
+
+    fn data_len(&self) -> usize {
+        4 * self.shape.iter().product::<usize>()
+    }
+}
+
+/// Writes `state` after `round` to `path` atomically, one tensor in memory at a time.
 pub fn save(
     path: &Path,
     round: usize,
@@ -91,42 +131,44 @@ pub fn save(
         path: path.display().to_string(),
         problem,
     };
-    let mut named = Vec::new();
+    let mut tensors: Vec<LazyTensor<'_>> = Vec::new();
     for (slot, table) in state.tables.iter().enumerate() {
-        for t in table.named_host().map_err(|e| corrupt(e.to_string()))? {
-            let bytes: Vec<u8> = t.values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            named.push((format!("{slot}/{}", t.name), t.shape, bytes));
+        for (index, info) in table.layout().tensors().iter().enumerate() {
+            tensors.push(LazyTensor {
+                name: format!("{slot}/{}", info.name),
+                table,
+                index,
+                shape: info.shape.clone(),
+            });
         }
     }
-    let views = named
-        .iter()
-        .map(|(n, shape, bytes)| {
-            TensorView::new(Dtype::F32, shape.clone(), bytes)
-                .map(|v| (n.clone(), v))
-                .map_err(|e| corrupt(e.to_string()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    tensors.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     let header = Header {
         round,
         strategy: strategy.to_string(),
         slots: state.tables.len(),
         extra: state.extra.clone(),
     };
-    let sha256 = checksum(
-        &header,
-        named
-            .iter()
-            .map(|(n, _, bytes)| (n.as_str(), bytes.as_slice())),
-    );
+    // As `checksum`, streamed: the tensors are already in name order.
+    let mut hash = Sha256::new();
+    hash.update(serde_json::to_vec(&header).expect("headers serialise"));
+    for t in &tensors {
+        hash.update(t.name.as_bytes());
+        hash.update(t.bytes().map_err(|e| corrupt(e.to_string()))?);
+    }
+    let sha256 = hex(hash);
     let stamped = serde_json::to_string(&Stamped { header, sha256 }).expect("headers serialise");
     let meta = HashMap::from([(KEY.to_string(), stamped)]);
-    let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| corrupt(e.to_string()))?;
     let tmp = path.with_extension("tmp");
     let io = |source| CheckpointError::Io {
         path: path.display().to_string(),
         source,
     };
-    std::fs::write(&tmp, bytes).map_err(io)?;
+    let views = tensors.iter().map(|t| (t.name.clone(), t));
+    safetensors::serialize_to_file(views, Some(meta), &tmp).map_err(|e| match e {
+        safetensors::SafeTensorError::IoError(source) => io(source),
+        other => corrupt(other.to_string()),
+    })?;
     std::fs::rename(&tmp, path).map_err(io)
 }
 
@@ -241,6 +283,7 @@ fn legacy_header(meta: &HashMap<String, String>) -> Result<Header, String> {
 mod tests {
     use super::*;
     use crate::test_model::{device, flat, tiny};
+    use safetensors::tensor::TensorView;
 
     fn state() -> StrategyState {
         let tables = vec![
@@ -265,6 +308,37 @@ mod tests {
         for (x, y) in back.state.tables.iter().zip(&s.tables) {
             assert_eq!(flat(x), flat(y));
         }
+    }
+
+    #[test]
+    fn the_streamed_file_is_the_whole_in_memory_serialisation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let s = state();
+        save(&path, 4, "fedmr", &s).unwrap();
+        // What writing every tensor from memory gives (the format of earlier versions).
+        let mut named = Vec::new();
+        for (slot, table) in s.tables.iter().enumerate() {
+            for t in table.named_host().unwrap() {
+                let bytes: Vec<u8> = t.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                named.push((format!("{slot}/{}", t.name), t.shape, bytes));
+            }
+        }
+        let header = Header {
+            round: 4,
+            strategy: "fedmr".into(),
+            slots: 2,
+            extra: s.extra.clone(),
+        };
+        let sha256 = checksum(&header, named.iter().map(|(n, _, b)| (n.as_str(), &b[..])));
+        let stamped = serde_json::to_string(&Stamped { header, sha256 }).unwrap();
+        let views = named.iter().map(|(n, shape, b)| {
+            let view = TensorView::new(Dtype::F32, shape.clone(), b);
+            (n.clone(), view.unwrap())
+        });
+        let expected =
+            safetensors::serialize(views, Some(HashMap::from([(KEY.to_string(), stamped)])));
+        assert_eq!(std::fs::read(&path).unwrap(), expected.unwrap());
     }
 
     #[test]

@@ -451,6 +451,11 @@ impl ParamTable {
         self.with_values(values)
     }
 
+    /// A host copy of tensor `i` (in [`Layout::tensors`] order), without copying the others.
+    pub fn tensor_host(&self, i: usize) -> Result<Vec<f32>, LayerError> {
+        host_f32(self.values[i].clone())
+    }
+
     /// Named host copies of all tensors, e.g. to serialise.
     pub fn named_host(&self) -> Result<Vec<HostTensor>, LayerError> {
         Ok(self
