@@ -44,9 +44,9 @@ pub trait MobileKernelOps: Backend {
     /// An elementwise activation in one pass.
     fn fl_activation(x: FloatTensor<Self>, act: Activation) -> FloatTensor<Self>;
     /// Gradient of [`fl_activation`](MobileKernelOps::fl_activation) with respect to its input,
-    /// given its input `x` (or, for ReLU, its output).
+    /// given `saved`: its output for ReLU and ReLU6, its input for hard-swish.
     fn fl_activation_backward(
-        x: FloatTensor<Self>,
+        saved: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         act: Activation,
     ) -> FloatTensor<Self>;
@@ -144,10 +144,10 @@ impl MobileKernelOps for Flex {
         FlexTensor::from_data(TensorData::new(y, shape))
     }
 
-    fn fl_activation_backward(x: FlexTensor, grad: FlexTensor, act: Activation) -> FlexTensor {
-        let shape = x.shape();
-        let (x, grad) = (contiguous(x), contiguous(grad));
-        let dx = cpu::activation_backward(act, slice(&x), slice(&grad));
+    fn fl_activation_backward(saved: FlexTensor, grad: FlexTensor, act: Activation) -> FlexTensor {
+        let shape = saved.shape();
+        let (saved, grad) = (contiguous(saved), contiguous(grad));
+        let dx = cpu::activation_backward(act, slice(&saved), slice(&grad));
         FlexTensor::from_data(TensorData::new(dx, shape))
     }
 }
@@ -186,8 +186,9 @@ impl<B: Backend + MobileKernelOps> Backward<B, 2> for DepthwiseBackward {
     }
 }
 
-/// What an activation's backward pass reads: its input (checkpointed), or for ReLU its output
-/// (as Burn's ReLU keeps it; the next layer usually holds that tensor anyway).
+/// What an activation's backward pass reads: its input (checkpointed), or for ReLU and ReLU6
+/// its output (as Burn's ReLU keeps it; the next layer holds that tensor anyway, so a
+/// MobileNetV2 block's batch-norm outputs are freed after the forward pass).
 #[derive(Debug, Clone)]
 enum Saved<B: Backend> {
     Input(NodeId),
@@ -273,7 +274,7 @@ impl<B: Backend + MobileKernelOps, C: CheckpointStrategy> MobileKernelOps for Au
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) if act == Activation::Relu => {
+            OpsKind::Tracked(prep) if act.backward_reads_output() => {
                 let y = B::fl_activation(x.into_primitive(), act);
                 prep.finish((Saved::Output(y.clone()), act), y)
             }
@@ -286,7 +287,7 @@ impl<B: Backend + MobileKernelOps, C: CheckpointStrategy> MobileKernelOps for Au
     }
 
     fn fl_activation_backward(
-        _x: FloatTensor<Self>,
+        _saved: FloatTensor<Self>,
         _grad: FloatTensor<Self>,
         _act: Activation,
     ) -> FloatTensor<Self> {

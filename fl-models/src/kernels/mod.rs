@@ -80,13 +80,20 @@ pub enum Activation {
     Identity,
     /// ReLU.
     Relu,
-    /// min(max(x, 0), 6) (MobileNetV2).
+    /// min(max(x, 0), 6) (MobileNetV2). The fused kernel passes the gradient where
+    /// 0 < x < 6, as PyTorch does (Burn: 0 ≤ x ≤ 6), so that its backward pass can read the
+    /// output, which the next layer keeps anyway, and not hold the input.
     Relu6,
     /// x · relu6(x + 3) / 6 (MobileNetV3).
     HardSwish,
 }
 
 impl Activation {
+    /// Whether the fused kernel's backward pass reads the activation's output (else its input).
+    pub(crate) fn backward_reads_output(self) -> bool {
+        matches!(self, Self::Relu | Self::Relu6)
+    }
+
     /// Applies the activation: on the fused parallel kernel (one pass each way) where the
     /// kernels apply, otherwise Burn's own ops.
     pub fn apply<const D: usize>(self, x: Tensor<D>) -> Tensor<D> {
@@ -383,6 +390,17 @@ mod tests {
                     // ReLU is bitwise Burn's (models switched to it keep their pinned results).
                     assert_eq!(bits(ours), bits(burns));
                     assert_eq!(bits(dx_ours), bits(dx_burn));
+                } else if act == Activation::Relu6 {
+                    // Burn's gradient, except at exactly 0 and 6 (PyTorch's open interval).
+                    let burn_dx = dx_burn.into_data().try_to_vec::<f32>().unwrap();
+                    let expected: Vec<f32> = values
+                        .iter()
+                        .zip(burn_dx)
+                        .map(|(&x, g)| if x == 0.0 || x == 6.0 { 0.0 } else { g })
+                        .collect();
+                    assert_eq!(bits(ours), bits(burns));
+                    let expected = Tensor::<1>::from_floats(expected.as_slice(), &device);
+                    assert_eq!(bits(dx_ours), bits(expected.reshape([1, 1, 1, n])));
                 } else {
                     close(ours, burns);
                     close(dx_ours, dx_burn);

@@ -1,7 +1,9 @@
 //! Elementwise activations with their derivatives, fused: one pass forward, one backward, split
 //! over the thread pool (Burn composes ReLU6 and hard-swish of clamps and masks, several passes
 //! and a branchy mask fill each, and runs its elementwise ops on one thread). Values follow
-//! Burn's definitions exactly, boundaries included; ReLU is bitwise Burn's.
+//! Burn's definitions exactly, boundaries included; ReLU is bitwise Burn's. The backward passes
+//! of ReLU and ReLU6 read the output (ReLU6's gradient then passes on the open interval
+//! 0 < x < 6, PyTorch's rule; Burn's masks pass it at 0 and 6 too).
 
 use rayon::prelude::*;
 
@@ -29,8 +31,8 @@ fn forward_one(act: Activation, x: f32) -> f32 {
     }
 }
 
-/// d activation / dx at `x`, times `g`: the clamps pass the gradient on their closed interval,
-/// as Burn's masks (`x < lo`, `x > hi`) do.
+/// d activation / dx times `g`, given `x`: the output for ReLU and ReLU6, the input for
+/// hard-swish (whose clamp passes the gradient on its closed interval, as Burn's masks do).
 #[inline(always)]
 fn backward_one(act: Activation, x: f32, g: f32) -> f32 {
     match act {
@@ -44,10 +46,11 @@ fn backward_one(act: Activation, x: f32, g: f32) -> f32 {
                 0.0
             }
         }
-        // Written out (not `contains`) so that NaN passes its gradient, as Burn's masks do.
+        // From the output y = clamp(x, 0, 6): 0 < y < 6 exactly where 0 < x < 6. Written
+        // out (not `contains`) so that NaN passes its gradient, as Burn's masks do.
         #[allow(clippy::manual_range_contains)]
         Activation::Relu6 => {
-            if x < 0.0 || x > 6.0 {
+            if x <= 0.0 || x >= 6.0 {
                 0.0
             } else {
                 g
@@ -96,7 +99,8 @@ pub fn activation_forward(act: Activation, x: &[f32]) -> Vec<f32> {
     y
 }
 
-/// The gradient of [`activation_forward`] with respect to `x`, given the output gradient `dy`.
+/// The gradient of [`activation_forward`] with respect to its input, given the output gradient
+/// `dy` and `x`: the activation's output for ReLU and ReLU6, its input for hard-swish.
 pub fn activation_backward(act: Activation, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let mut dx = vec![0.0f32; x.len()];
     dx.par_chunks_mut(CHUNK)
