@@ -12,6 +12,7 @@ use fl_core::Classifier;
 use fl_core::layers::{Granularity, ParamTable, recombine};
 use fl_core::trainer::{LocalTask, TrainConfig, evaluate, train_local};
 use fl_data::{Dataset, Normalization};
+use fl_models::kernels::Kernel;
 use fl_models::{ModelKind, with_model};
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
@@ -54,6 +55,52 @@ pub fn parse_input_shape(text: &str) -> Result<[usize; 3], String> {
         _ => Err(format!(
             "'{text}' is not CxHxW with 1-16 channels and sides of 16-256 pixels (e.g. 1x28x28)"
         )),
+    }
+}
+
+/// The kernel families `fl bench --burn-kernels` switches to Burn's own ops.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BurnKernels(pub Vec<Kernel>);
+
+impl BurnKernels {
+    /// Switches these kernels off for the whole process (the others stay on).
+    pub fn apply(&self) {
+        fl_models::kernels::set_enabled(true);
+        for &k in &self.0 {
+            fl_models::kernels::set_kernel_enabled(k, false);
+        }
+    }
+}
+
+/// Parses `--burn-kernels`' value: `all` or a comma-separated list of kernel names.
+pub fn parse_burn_kernels(text: &str) -> Result<BurnKernels, String> {
+    if text == "all" {
+        return Ok(BurnKernels(Kernel::ALL.to_vec()));
+    }
+    let mut kernels: Vec<Kernel> = Vec::new();
+    for name in text.split(',') {
+        let k: Kernel = name.trim().parse()?;
+        if !kernels.contains(&k) {
+            kernels.push(k);
+        }
+    }
+    Ok(BurnKernels(kernels))
+}
+
+/// What the run uses, for the header line.
+fn kernels_in_use() -> String {
+    let off: Vec<&str> = Kernel::ALL
+        .into_iter()
+        .filter(|&k| !fl_models::kernels::kernel_enabled(k))
+        .map(Kernel::name)
+        .collect();
+    match off.len() {
+        0 => "fl-models kernels where they apply".into(),
+        n if n == Kernel::ALL.len() => "Burn's own kernels".into(),
+        _ => format!(
+            "fl-models kernels where they apply, Burn's for {}",
+            off.join(", ")
+        ),
     }
 }
 
@@ -109,11 +156,7 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         "backend {} ({}), {} threads; {c}×{h}×{w} inputs, 10 classes, batch 50, SGD lr 0.01 \
          momentum 0.5; a round = {} clients × {} epochs × {} samples",
         backend::name(),
-        if fl_models::kernels::enabled() {
-            "fl-models kernels where they apply"
-        } else {
-            "Burn's own kernels"
-        },
+        kernels_in_use(),
         args.threads,
         args.clients,
         args.epochs,
@@ -324,11 +367,12 @@ pub fn bench_round(config: &Path, threads: Option<usize>) -> anyhow::Result<()> 
     let m = result?;
     let seconds = |key: &str| m[key].as_f64().unwrap_or(0.0);
     println!(
-        "one round of {} ({}, {} threads, backend {})\n",
+        "one round of {} ({}, {} threads, backend {}, {})\n",
         config.display(),
         cfg.label(),
         cfg.run.threads,
-        backend::name()
+        backend::name(),
+        kernels_in_use()
     );
     println!("| part | seconds |\n|---|---|");
     println!("| local training | {:.2} |", seconds("train_seconds"));

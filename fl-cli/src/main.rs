@@ -125,10 +125,18 @@ enum Command {
         /// A seconds-long smoke run (2 clients × 1 epoch × 20 samples).
         #[arg(long)]
         quick: bool,
-        /// Run Burn's own convolution, max-pool and BatchNorm instead of fl-models' CPU
-        /// kernels (for an A/B comparison on flex).
-        #[arg(long)]
-        burn_kernels: bool,
+        /// Run Burn's own ops instead of fl-models' CPU kernels, for an A/B comparison on
+        /// flex: all of them (`--burn-kernels`), or some (`--burn-kernels=depthwise,activation`;
+        /// kernels: conv, depthwise, max-pool, batch-norm, activation).
+        #[arg(
+            long,
+            value_name = "KERNELS",
+            num_args = 0..=1,
+            require_equals = true,
+            default_missing_value = "all",
+            value_parser = bench::parse_burn_kernels
+        )]
+        burn_kernels: Option<bench::BurnKernels>,
         /// Instead of the model table: time one round of the run this config describes
         /// (training, server step with pFedClub's phases, evaluation) and its peak RSS.
         #[arg(long, value_name = "CONFIG", conflicts_with = "quick")]
@@ -382,7 +390,9 @@ fn main() -> ExitCode {
             round: Some(config),
             ..
         } => {
-            fl_models::kernels::set_enabled(!burn_kernels);
+            if let Some(kernels) = &burn_kernels {
+                kernels.apply();
+            }
             bench::bench_round(&config, threads)
         }
         Command::Bench {
@@ -418,7 +428,9 @@ fn main() -> ExitCode {
                         input,
                     }
                 };
-                fl_models::kernels::set_enabled(!burn_kernels);
+                if let Some(kernels) = &burn_kernels {
+                    kernels.apply();
+                }
                 bench::bench(&args)
             }),
         Command::Landscape {

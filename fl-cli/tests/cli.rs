@@ -446,6 +446,24 @@ fn bench_quick_prints_a_row_per_model() {
         assert_eq!(o.status.code(), Some(1), "{bad}");
         assert!(stderr(&o).contains("is not CxHxW"), "{bad}: {}", stderr(&o));
     }
+    // Some kernels off, the others on: the header names them.
+    let o = fl_line(
+        "bench --quick --models cnn --burn-kernels=max-pool,conv",
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("(fl-models kernels where they apply, Burn's for conv, max-pool)"),
+        "{text}"
+    );
+    for bad in ["--burn-kernels=pool", "--burn-kernels="] {
+        let o = fl(&["bench", "--quick", bad]);
+        assert_eq!(o.status.code(), Some(1), "{bad}");
+        let err = stderr(&o);
+        assert!(err.contains("unknown kernel"), "{bad}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{bad}: {err}");
+    }
 }
 
 /// `fl bench --round CONFIG` times one round of a config's run, pFedClub's server phases too,

@@ -32,7 +32,7 @@ pub(crate) mod isa;
 
 pub use isa::{Isa, set_max_isa};
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use burn::nn::BatchNorm;
 use burn::nn::PaddingConfig2d;
@@ -41,18 +41,94 @@ use burn::nn::pool::MaxPool2d;
 use burn::tensor::Tensor;
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 
-static ENABLED: AtomicBool = AtomicBool::new(true);
-
-/// Turns the kernels on (the default) or off for the whole process: off, every function here
-/// calls Burn's own op. For A/B comparisons (`fl bench --burn-kernels`); results differ only by
-/// floating-point summation order.
-pub fn set_enabled(enabled: bool) {
-    ENABLED.store(enabled, Ordering::Relaxed);
+/// One family of the CPU kernels, switched on and off on its own for A/B comparisons
+/// (`fl bench --burn-kernels=LIST`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Dense 2-D convolutions (direct and im2col; grouped ones other than depthwise stay Burn's).
+    Conv,
+    /// Depthwise convolutions (groups = channels).
+    Depthwise,
+    /// Max-pooling.
+    MaxPool,
+    /// BatchNorm's training pass.
+    BatchNorm,
+    /// ReLU, ReLU6 and hard-swish.
+    Activation,
 }
 
-/// Whether the kernels are on (see [`set_enabled`]); always `false` without the `flex` feature.
+impl Kernel {
+    /// Every kernel family.
+    pub const ALL: [Kernel; 5] = [
+        Kernel::Conv,
+        Kernel::Depthwise,
+        Kernel::MaxPool,
+        Kernel::BatchNorm,
+        Kernel::Activation,
+    ];
+
+    /// The name `fl bench --burn-kernels` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Conv => "conv",
+            Kernel::Depthwise => "depthwise",
+            Kernel::MaxPool => "max-pool",
+            Kernel::BatchNorm => "batch-norm",
+            Kernel::Activation => "activation",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+impl std::str::FromStr for Kernel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Kernel::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown kernel '{s}' (known: {}, all)", names.join(", "))
+            })
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The kernel families that are on, one bit each.
+static ENABLED: AtomicU8 = AtomicU8::new(u8::MAX);
+
+/// Turns every kernel on (the default) or off for the whole process: off, every function here
+/// calls Burn's own op. For A/B comparisons (`fl bench --burn-kernels`); results differ only by
+/// floating-point summation order (and ReLU6's gradient at exactly 0 and 6).
+pub fn set_enabled(enabled: bool) {
+    ENABLED.store(if enabled { u8::MAX } else { 0 }, Ordering::Relaxed);
+}
+
+/// Turns one kernel family on or off for the whole process (see [`set_enabled`]).
+pub fn set_kernel_enabled(kernel: Kernel, enabled: bool) {
+    if enabled {
+        ENABLED.fetch_or(kernel.bit(), Ordering::Relaxed);
+    } else {
+        ENABLED.fetch_and(!kernel.bit(), Ordering::Relaxed);
+    }
+}
+
+/// Whether `kernel` is on; always `false` without the `flex` feature.
+pub fn kernel_enabled(kernel: Kernel) -> bool {
+    cfg!(feature = "flex") && ENABLED.load(Ordering::Relaxed) & kernel.bit() != 0
+}
+
+/// Whether every kernel is on (see [`set_enabled`]); always `false` without the `flex` feature.
 pub fn enabled() -> bool {
-    cfg!(feature = "flex") && ENABLED.load(Ordering::Relaxed)
+    Kernel::ALL.into_iter().all(kernel_enabled)
 }
 
 /// 2-D convolution, as [`burn::tensor::module::conv2d`], on the fast kernels where they apply.
@@ -63,11 +139,14 @@ pub fn conv2d(
     options: ConvOptions<2>,
 ) -> Tensor<4> {
     #[cfg(feature = "flex")]
-    if enabled() && flex::handles_conv2d(&x, &weight, bias.as_ref(), &options) {
+    if kernel_enabled(Kernel::Conv) && flex::handles_conv2d(&x, &weight, bias.as_ref(), &options) {
         return flex::conv2d(x, weight, bias, options);
     }
     #[cfg(feature = "flex")]
-    if enabled() && bias.is_none() && flex_mobile::handles_depthwise(&x, &weight, &options) {
+    if kernel_enabled(Kernel::Depthwise)
+        && bias.is_none()
+        && flex_mobile::handles_depthwise(&x, &weight, &options)
+    {
         return flex_mobile::depthwise(x, weight, options);
     }
     burn::tensor::module::conv2d(x, weight, bias, options)
@@ -98,7 +177,8 @@ impl Activation {
     /// kernels apply, otherwise Burn's own ops.
     pub fn apply<const D: usize>(self, x: Tensor<D>) -> Tensor<D> {
         #[cfg(feature = "flex")]
-        if self != Self::Identity && enabled() && flex_mobile::handles(&x) {
+        if self != Self::Identity && kernel_enabled(Kernel::Activation) && flex_mobile::handles(&x)
+        {
             return flex_mobile::activation(x, self);
         }
         match self {
@@ -119,7 +199,7 @@ pub fn relu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 /// 2-D max-pooling, as [`burn::tensor::module::max_pool2d`], on the fast kernel where it applies.
 pub fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
     #[cfg(feature = "flex")]
-    if enabled() && flex::handles_max_pool2d(&x, &options) {
+    if kernel_enabled(Kernel::MaxPool) && flex::handles_max_pool2d(&x, &options) {
         return flex::max_pool2d(x, options);
     }
     burn::tensor::module::max_pool2d(x, options)
@@ -129,7 +209,7 @@ pub fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
 /// (batch statistics, running-statistics update) on the fast kernel where it applies.
 pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     #[cfg(feature = "flex")]
-    if enabled()
+    if kernel_enabled(Kernel::BatchNorm)
         && x.device().is_autodiff()
         && norm.training.is_enabled()
         && flex::handles_batch_norm(&x, &norm.gamma.val())
@@ -408,6 +488,39 @@ mod tests {
             }
         };
         cpu::tests::at_every_isa(check);
+    }
+
+    /// Each kernel family switches on its own; switched off, its op is Burn's, bit for bit.
+    #[test]
+    fn kernel_families_switch_one_at_a_time() {
+        // Other tests compare two runs' bits: none may see the switch flip in between.
+        let _lock = isa::test_lock();
+        let device = Device::flex();
+        let conv = Conv2dConfig::new([4, 8], [3, 3])
+            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+            .init(&device);
+        let x = Tensor::<4>::random([2, 4, 8, 8], Distribution::Normal(0.0, 1.0), &device);
+        let bits = |t: Tensor<4>| {
+            let v = t.into_data().try_to_vec::<f32>().unwrap();
+            v.into_iter().map(f32::to_bits).collect::<Vec<_>>()
+        };
+        set_kernel_enabled(Kernel::Conv, false);
+        let others_on = Kernel::ALL[1..].iter().all(|&k| kernel_enabled(k));
+        let (conv_on, all_on) = (kernel_enabled(Kernel::Conv), enabled());
+        let off = conv2d_forward(&conv, x.clone());
+        set_enabled(true);
+        assert!(others_on && !conv_on && !all_on && enabled());
+        assert_eq!(bits(off), bits(conv.forward(x.clone())));
+        close(conv2d_forward(&conv, x.clone()), conv.forward(x));
+        for k in Kernel::ALL {
+            assert_eq!(k.name().parse::<Kernel>(), Ok(k));
+        }
+        assert!(
+            "pool"
+                .parse::<Kernel>()
+                .unwrap_err()
+                .contains("known: conv,")
+        );
     }
 
     /// Without autodiff (evaluation), and for what the kernels do not handle, results are Burn's.
