@@ -72,6 +72,22 @@ pub trait CpuKernelOps: Backend {
         epsilon: f64,
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    /// Batch normalisation of a `[batch, channels, h, w]` tensor with given statistics
+    /// (inference, frozen layers): `((x − mean) / std) · γ + β`, `std = sqrt(var + ε)`.
+    fn fl_batch_norm_inference(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        std: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+    /// Gradient of [`fl_batch_norm_inference`](CpuKernelOps::fl_batch_norm_inference) with
+    /// respect to `x` (γ, β and the statistics are constants there).
+    fn fl_batch_norm_inference_backward(
+        gamma: FloatTensor<Self>,
+        std: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
 }
 
 /// Whether a tensor lives on the flex backend (with or without autodiff).
@@ -210,6 +226,24 @@ pub(super) fn batch_norm_train(
         Tensor::from_dispatch(mean),
         Tensor::from_dispatch(var),
     )
+}
+
+/// Runs [`CpuKernelOps::fl_batch_norm_inference`] through Burn's dispatch. Gradients reach `x`
+/// only: the caller checks that γ and β take none.
+pub(super) fn batch_norm_inference(
+    x: Tensor<4>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+    mean: Tensor<1>,
+    std: Tensor<1>,
+) -> Tensor<4> {
+    Tensor::from_dispatch(<Dispatch as CpuKernelOps>::fl_batch_norm_inference(
+        x.into_dispatch(),
+        gamma.into_dispatch(),
+        beta.into_dispatch(),
+        mean.into_dispatch(),
+        std.into_dispatch(),
+    ))
 }
 
 fn norm_geometry(x: &FlexTensor) -> NormGeometry {
@@ -360,6 +394,39 @@ impl CpuKernelOps for Flex {
             flex_vector(d_beta),
         )
     }
+
+    fn fl_batch_norm_inference(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        beta: FlexTensor,
+        mean: FlexTensor,
+        std: FlexTensor,
+    ) -> FlexTensor {
+        let g = norm_geometry(&x);
+        let dims = dims4(&x.shape());
+        let [x, gamma, beta, mean, std] = [x, gamma, beta, mean, std].map(contiguous);
+        let y = cpu::batch_norm_inference(
+            &g,
+            slice(&x),
+            slice(&gamma),
+            slice(&beta),
+            slice(&mean),
+            slice(&std),
+        );
+        flex_tensor(y, dims)
+    }
+
+    fn fl_batch_norm_inference_backward(
+        gamma: FlexTensor,
+        std: FlexTensor,
+        grad: FlexTensor,
+    ) -> FlexTensor {
+        let g = norm_geometry(&grad);
+        let dims = dims4(&grad.shape());
+        let [gamma, std, grad] = [gamma, std, grad].map(contiguous);
+        let dx = cpu::batch_norm_inference_backward(&g, slice(&grad), slice(&gamma), slice(&std));
+        flex_tensor(dx, dims)
+    }
 }
 
 /// Registers the convolution's gradients for whichever parents require them.
@@ -455,6 +522,24 @@ impl<B: Backend + CpuKernelOps> Backward<B, 3> for BatchNormTrainBackward {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);
             }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct BatchNormInferenceBackward;
+
+impl<B: Backend + CpuKernelOps> Backward<B, 1> for BatchNormInferenceBackward {
+    // γ and the standard deviations, constants of the node.
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (gamma, std) = ops.state;
+        let [node_x] = ops.parents;
+        if let Some(node) = node_x {
+            let dx = B::fl_batch_norm_inference_backward(gamma, std, grad);
+            grads.register::<B>(node.id, dx);
         }
     }
 }
@@ -614,6 +699,48 @@ impl<B: Backend + CpuKernelOps, C: CheckpointStrategy> CpuKernelOps for Autodiff
         _epsilon: f64,
         _grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        unimplemented!("second-order gradients of the flex batch-norm kernel")
+    }
+
+    fn fl_batch_norm_inference(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        std: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let inner = |t: FloatTensor<Self>| t.into_primitive();
+        match BatchNormInferenceBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (gamma, std) = (inner(gamma), inner(std));
+                let y = B::fl_batch_norm_inference(
+                    x.into_primitive(),
+                    gamma.clone(),
+                    inner(beta),
+                    inner(mean),
+                    std.clone(),
+                );
+                prep.finish((gamma, std), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::fl_batch_norm_inference(
+                x.into_primitive(),
+                inner(gamma),
+                inner(beta),
+                inner(mean),
+                inner(std),
+            )),
+        }
+    }
+
+    fn fl_batch_norm_inference_backward(
+        _gamma: FloatTensor<Self>,
+        _std: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
         unimplemented!("second-order gradients of the flex batch-norm kernel")
     }
 }

@@ -206,7 +206,8 @@ pub fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
 }
 
 /// Burn's [`BatchNorm::forward`] for `[batch, channels, h, w]` maps, with the training pass
-/// (batch statistics, running-statistics update) on the fast kernel where it applies.
+/// (batch statistics, running-statistics update) and the inference pass (running statistics;
+/// evaluation and frozen layers) on the fast kernels where they apply.
 pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     #[cfg(feature = "flex")]
     if kernel_enabled(Kernel::BatchNorm)
@@ -228,6 +229,22 @@ pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
         update(&norm.running_mean, mean);
         update(&norm.running_var, var);
         return y;
+    }
+    // Burn's inference path (evaluation, frozen layers) in one parallel pass, where only `x`
+    // can take a gradient.
+    #[cfg(feature = "flex")]
+    if kernel_enabled(Kernel::BatchNorm)
+        && !(x.device().is_autodiff() && norm.training.is_enabled())
+        && flex::handles_batch_norm(&x, &norm.gamma.val())
+        && !norm.gamma.val().is_require_grad()
+        && !norm.beta.val().is_require_grad()
+    {
+        let device = x.device();
+        let mean = norm.running_mean.value().to_device(&device);
+        let var = norm.running_var.value().to_device(&device);
+        // As Burn's `batch_norm` computes it: the same value, bit for bit.
+        let std = var.add_scalar(norm.epsilon).sqrt();
+        return flex::batch_norm_inference(x, norm.gamma.val(), norm.beta.val(), mean, std);
     }
     norm.forward(x)
 }
@@ -486,6 +503,45 @@ mod tests {
                     close(dx_ours, dx_burn);
                 }
             }
+        };
+        cpu::tests::at_every_isa(check);
+    }
+
+    /// Inference batch norm (evaluation, and frozen layers on the training device with the
+    /// gradient flowing through to the input) is Burn's bit for bit, on every instruction tier.
+    #[test]
+    fn inference_batch_norm_is_burns_bit_for_bit() {
+        use burn::module::{Module, Param};
+        use burn::nn::BatchNormConfig;
+        let bits = |t: Tensor<4>| {
+            let v = t.into_data().try_to_vec::<f32>().unwrap();
+            v.into_iter().map(f32::to_bits).collect::<Vec<_>>()
+        };
+        let check = |_| {
+            let device = Device::flex().autodiff();
+            let normal = |m, s| Distribution::Normal(m, s);
+            let mut bn = BatchNormConfig::new(5).init(&device);
+            bn.gamma = Param::from_tensor(Tensor::random([5], normal(1.0, 0.5), &device));
+            bn.beta = Param::from_tensor(Tensor::random([5], normal(0.0, 0.5), &device));
+            // Running statistics away from 0 and 1: one training step on Burn's ops.
+            let _ = bn.forward(Tensor::<4>::random([8, 5, 6, 7], normal(2.0, 3.0), &device));
+            let data = Tensor::<4>::random([4, 5, 6, 7], normal(2.0, 3.0), &device).into_data();
+            let eval = bn.valid();
+            let x = Tensor::<4>::from_data(data.clone(), &Device::flex());
+            let ours = batch_norm_forward(&eval, x.clone());
+            assert_eq!(bits(ours), bits(eval.forward(x)));
+            let frozen = bn.freeze();
+            let x = Tensor::<4>::from_data(data, &device).require_grad();
+            let ours = batch_norm_forward(&frozen, x.clone());
+            let burns = frozen.forward(x.clone());
+            assert_eq!(bits(ours.clone()), bits(burns.clone()));
+            let probe = Tensor::<4>::random([4, 5, 6, 7], normal(0.0, 1.0), &device);
+            let g_ours = (ours * probe.clone()).sum().backward();
+            let g_burn = (burns * probe).sum().backward();
+            assert_eq!(
+                bits(x.grad(&g_ours).unwrap()),
+                bits(x.grad(&g_burn).unwrap())
+            );
         };
         cpu::tests::at_every_isa(check);
     }

@@ -47,7 +47,10 @@ pub(crate) mod tests;
 
 pub use act::{activation_backward, activation_forward};
 pub use depthwise::{depthwise_forward, depthwise_input_grad, depthwise_weight_grad};
-pub use norm::{NormGeometry, batch_norm_train_backward, batch_norm_train_forward};
+pub use norm::{
+    NormGeometry, batch_norm_inference, batch_norm_inference_backward, batch_norm_train_backward,
+    batch_norm_train_forward,
+};
 pub use pool::{PoolGeometry, max_pool2d_backward, max_pool2d_forward};
 
 /// Samples per partial sum of the weight gradient (fixed, so the summation order, and hence the

@@ -1,4 +1,5 @@
-//! Training-mode batch normalisation forward and backward.
+//! Batch normalisation: the training pass (batch statistics) forward and backward, and the
+//! inference pass (given statistics) with its input gradient.
 
 use rayon::prelude::*;
 
@@ -162,4 +163,93 @@ pub fn batch_norm_train_backward(
             });
     }
     (dx, d_gamma, d_beta)
+}
+
+/// `((x − mean) / std) · γ + β` over one sample's `[channels, plane]`, each value computed with
+/// exactly the operations of Burn's `batch_norm` (so the results are bitwise Burn's).
+#[inline(always)]
+fn inference_generic(
+    plane: usize,
+    x: &[f32],
+    params: (&[f32], &[f32], &[f32], &[f32]),
+    y: &mut [f32],
+) {
+    let (gamma, beta, mean, std) = params;
+    for (c, (y, x)) in y.chunks_mut(plane).zip(x.chunks(plane)).enumerate() {
+        let (m, s, g, b) = (mean[c], std[c], gamma[c], beta[c]);
+        for (y, x) in y.iter_mut().zip(x) {
+            *y = ((x - m) / s) * g + b;
+        }
+    }
+}
+
+/// `(dy · γ) · (1 / std)` over one sample: the input gradient as Burn's autodiff computes it
+/// through that composition.
+#[inline(always)]
+fn inference_backward_generic(
+    plane: usize,
+    dy: &[f32],
+    gamma: &[f32],
+    std: &[f32],
+    dx: &mut [f32],
+) {
+    for (c, (dx, dy)) in dx.chunks_mut(plane).zip(dy.chunks(plane)).enumerate() {
+        let (g, inv) = (gamma[c], 1.0 / std[c]);
+        for (dx, dy) in dx.iter_mut().zip(dy) {
+            *dx = (dy * g) * inv;
+        }
+    }
+}
+
+best_isa! {
+    fn inference_sample => inference_generic(
+        plane: usize,
+        x: &[f32],
+        params: (&[f32], &[f32], &[f32], &[f32]),
+        y: &mut [f32]
+    )
+}
+
+best_isa! {
+    fn inference_backward_sample => inference_backward_generic(
+        plane: usize,
+        dy: &[f32],
+        gamma: &[f32],
+        std: &[f32],
+        dx: &mut [f32]
+    )
+}
+
+/// Batch normalisation with given statistics (inference, frozen layers): `std` is
+/// `sqrt(var + ε)` as the caller computed it. One pass, samples in parallel, where Burn's
+/// composition makes four passes on one thread.
+pub fn batch_norm_inference(
+    g: &NormGeometry,
+    x: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    mean: &[f32],
+    std: &[f32],
+) -> Vec<f32> {
+    let sample = (g.channels * g.plane).max(1);
+    let mut y = vec![0.0f32; x.len()];
+    y.par_chunks_mut(sample)
+        .zip(x.par_chunks(sample))
+        .for_each(|(y, x)| inference_sample(g.plane, x, (gamma, beta, mean, std), y));
+    y
+}
+
+/// The input gradient of [`batch_norm_inference`] given the output gradient `dy`.
+pub fn batch_norm_inference_backward(
+    g: &NormGeometry,
+    dy: &[f32],
+    gamma: &[f32],
+    std: &[f32],
+) -> Vec<f32> {
+    let sample = (g.channels * g.plane).max(1);
+    let mut dx = vec![0.0f32; dy.len()];
+    dx.par_chunks_mut(sample)
+        .zip(dy.par_chunks(sample))
+        .for_each(|(dx, dy)| inference_backward_sample(g.plane, dy, gamma, std, dx));
+    dx
 }
