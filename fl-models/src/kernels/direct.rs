@@ -351,10 +351,16 @@ fn scatter_wide(
     {
         // SAFETY: `applies` checked AVX-512F; the asserts above bound every access.
         unsafe {
-            match tile {
-                8 => avx512::scatter::<8>(wide, c_out, c_in_padded, wide_dy, packed, dx),
-                6 => avx512::scatter::<6>(wide, c_out, c_in_padded, wide_dy, packed, dx),
-                _ => avx512::scatter::<4>(wide, c_out, c_in_padded, wide_dy, packed, dx),
+            // Two vectors of pixels per tile where the wide length allows (half the weight
+            // broadcasts per multiply-add), else one; the sums are the same either way.
+            let args = (wide, c_out, c_in_padded, wide_dy, packed);
+            match (tile, wide.len.is_multiple_of(2 * LANES)) {
+                (8, true) => avx512::scatter::<8, 2>(args, dx),
+                (6, true) => avx512::scatter::<6, 2>(args, dx),
+                (_, true) => avx512::scatter::<4, 2>(args, dx),
+                (8, false) => avx512::scatter::<8, 1>(args, dx),
+                (6, false) => avx512::scatter::<6, 1>(args, dx),
+                (_, false) => avx512::scatter::<4, 1>(args, dx),
             }
         }
     }
@@ -461,19 +467,17 @@ mod avx512 {
         }
     }
 
-    /// Input-gradient tiles: for `C` input channels, one tap and 16 pixels, the sum over output
-    /// channels in registers, then added onto the padded input gradient at the tap's offset.
+    /// Input-gradient tiles: for `C` input channels, one tap and `16·P` pixels, the sum over
+    /// output channels in registers, then added onto the padded input gradient at the tap's
+    /// offset.
     ///
     /// # Safety
-    /// The CPU supports AVX-512F; `wide_dy` holds `c_out · len` floats, `packed` `c_in_padded ·
-    /// taps · c_out`, and `dx` reaches the last channel's last tap offset plus `len`.
+    /// The CPU supports AVX-512F; `wide.len` is a multiple of `16·P`; `wide_dy` holds `c_out ·
+    /// len` floats, `packed` `c_in_padded · taps · c_out`, and `dx` reaches the last channel's
+    /// last tap offset plus `len`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn scatter<const C: usize>(
-        wide: &Wide,
-        c_out: usize,
-        c_in_padded: usize,
-        wide_dy: &[f32],
-        packed: &[f32],
+    pub(super) unsafe fn scatter<const C: usize, const P: usize>(
+        (wide, c_out, c_in_padded, wide_dy, packed): (&Wide, usize, usize, &[f32], &[f32]),
         dx: &mut [f32],
     ) {
         // SAFETY: the caller upholds this function's contract.
@@ -484,18 +488,26 @@ mod avx512 {
             for block in 0..c_in_padded / C {
                 for (k, &offset) in wide.offsets[..taps].iter().enumerate() {
                     let w = packed.as_ptr().add((block * taps + k) * c_out * C);
-                    for p in (0..wide.len).step_by(LANES) {
-                        let mut acc = [_mm512_setzero_ps(); C];
+                    for p in (0..wide.len).step_by(LANES * P) {
+                        let mut acc = [[_mm512_setzero_ps(); P]; C];
                         for co in 0..c_out {
-                            let d = _mm512_loadu_ps(dy.add(co * wide.len + p));
+                            let src = dy.add(co * wide.len + p);
+                            let d: [__m512; P] =
+                                std::array::from_fn(|v| _mm512_loadu_ps(src.add(v * LANES)));
                             let wc = w.add(co * C);
                             for (c, a) in acc.iter_mut().enumerate() {
-                                *a = _mm512_fmadd_ps(_mm512_set1_ps(*wc.add(c)), d, *a);
+                                let weight = _mm512_set1_ps(*wc.add(c));
+                                for v in 0..P {
+                                    a[v] = _mm512_fmadd_ps(weight, d[v], a[v]);
+                                }
                             }
                         }
                         for (c, a) in acc.iter().enumerate() {
                             let dst = out.add((block * C + c) * plane + offset + p);
-                            _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), *a));
+                            for (v, sum) in a.iter().enumerate() {
+                                let at = dst.add(v * LANES);
+                                _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), *sum));
+                            }
                         }
                     }
                 }
