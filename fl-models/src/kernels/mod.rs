@@ -51,7 +51,7 @@ pub enum Kernel {
     Depthwise,
     /// Max-pooling.
     MaxPool,
-    /// BatchNorm's training pass.
+    /// BatchNorm, training and inference passes.
     BatchNorm,
     /// ReLU, ReLU6 and hard-swish.
     Activation,
