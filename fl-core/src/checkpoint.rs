@@ -72,17 +72,35 @@ const KEY: &str = "fl";
 fn checksum<'a>(header: &Header, tensors: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> String {
     let mut tensors: Vec<_> = tensors.into_iter().collect();
     tensors.sort_unstable_by_key(|&(name, _)| name);
-    let mut hash = Sha256::new();
-    hash.update(serde_json::to_vec(header).expect("headers serialise"));
+    let mut hash = Checksum::new(header);
     for (name, bytes) in tensors {
-        hash.update(name.as_bytes());
-        hash.update(bytes);
+        hash.add(name, bytes);
     }
-    hex(hash)
+    hash.finish()
 }
 
-fn hex(hash: Sha256) -> String {
-    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+/// [`checksum`] fed one tensor at a time, in name order.
+struct Checksum(Sha256);
+
+impl Checksum {
+    fn new(header: &Header) -> Self {
+        let mut hash = Sha256::new();
+        hash.update(serde_json::to_vec(header).expect("headers serialise"));
+        Checksum(hash)
+    }
+
+    fn add(&mut self, name: &str, bytes: &[u8]) {
+        self.0.update(name.as_bytes());
+        self.0.update(bytes);
+    }
+
+    fn finish(self) -> String {
+        self.0
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
 }
 
 /// One tensor of a checkpoint being written, copied off its table only when its bytes are
@@ -149,14 +167,11 @@ pub fn save(
         slots: state.tables.len(),
         extra: state.extra.clone(),
     };
-    // As `checksum`, streamed: the tensors are already in name order.
-    let mut hash = Sha256::new();
-    hash.update(serde_json::to_vec(&header).expect("headers serialise"));
+    let mut hash = Checksum::new(&header);
     for t in &tensors {
-        hash.update(t.name.as_bytes());
-        hash.update(t.bytes().map_err(|e| corrupt(e.to_string()))?);
+        hash.add(&t.name, &t.bytes().map_err(|e| corrupt(e.to_string()))?);
     }
-    let sha256 = hex(hash);
+    let sha256 = hash.finish();
     let stamped = serde_json::to_string(&Stamped { header, sha256 }).expect("headers serialise");
     let meta = HashMap::from([(KEY.to_string(), stamped)]);
     let tmp = path.with_extension("tmp");

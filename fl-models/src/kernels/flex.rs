@@ -709,30 +709,21 @@ impl<B: Backend + CpuKernelOps, C: CheckpointStrategy> CpuKernelOps for Autodiff
         mean: FloatTensor<Self>,
         std: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let inner = |t: FloatTensor<Self>| t.into_primitive();
-        match BatchNormInferenceBackward
+        let prep = BatchNormInferenceBackward
             .prepare::<C>([x.node()])
             .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (gamma, std) = (inner(gamma), inner(std));
-                let y = B::fl_batch_norm_inference(
-                    x.into_primitive(),
-                    gamma.clone(),
-                    inner(beta),
-                    inner(mean),
-                    std.clone(),
-                );
-                prep.finish((gamma, std), y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::fl_batch_norm_inference(
-                x.into_primitive(),
-                inner(gamma),
-                inner(beta),
-                inner(mean),
-                inner(std),
-            )),
+            .stateful();
+        let (gamma, std) = (gamma.into_primitive(), std.into_primitive());
+        let y = B::fl_batch_norm_inference(
+            x.into_primitive(),
+            gamma.clone(),
+            beta.into_primitive(),
+            mean.into_primitive(),
+            std.clone(),
+        );
+        match prep {
+            OpsKind::Tracked(prep) => prep.finish((gamma, std), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
         }
     }
 

@@ -210,41 +210,33 @@ pub fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
 /// evaluation and frozen layers) on the fast kernels where they apply.
 pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     #[cfg(feature = "flex")]
-    if kernel_enabled(Kernel::BatchNorm)
-        && x.device().is_autodiff()
-        && norm.training.is_enabled()
-        && flex::handles_batch_norm(&x, &norm.gamma.val())
-    {
+    if kernel_enabled(Kernel::BatchNorm) && flex::handles_batch_norm(&x, &norm.gamma.val()) {
         let device = x.device();
-        let (y, mean, var) =
-            flex::batch_norm_train(x, norm.gamma.val(), norm.beta.val(), norm.epsilon);
-        // The running statistics as Burn's BatchNorm updates them.
-        let update = |state: &burn::module::RunningState<Tensor<1>>, batch: Tensor<1>| {
-            let running = state.value_sync().to_device(&device);
-            let updated = running
-                .mul_scalar(1.0 - norm.momentum)
-                .add(batch.detach().mul_scalar(norm.momentum));
-            state.update(updated.detach());
-        };
-        update(&norm.running_mean, mean);
-        update(&norm.running_var, var);
-        return y;
-    }
-    // Burn's inference path (evaluation, frozen layers) in one parallel pass, where only `x`
-    // can take a gradient.
-    #[cfg(feature = "flex")]
-    if kernel_enabled(Kernel::BatchNorm)
-        && !(x.device().is_autodiff() && norm.training.is_enabled())
-        && flex::handles_batch_norm(&x, &norm.gamma.val())
-        && !norm.gamma.val().is_require_grad()
-        && !norm.beta.val().is_require_grad()
-    {
-        let device = x.device();
-        let mean = norm.running_mean.value().to_device(&device);
-        let var = norm.running_var.value().to_device(&device);
-        // As Burn's `batch_norm` computes it: the same value, bit for bit.
-        let std = var.add_scalar(norm.epsilon).sqrt();
-        return flex::batch_norm_inference(x, norm.gamma.val(), norm.beta.val(), mean, std);
+        // Burn's own choice between the two passes.
+        if device.is_autodiff() && norm.training.is_enabled() {
+            let (y, mean, var) =
+                flex::batch_norm_train(x, norm.gamma.val(), norm.beta.val(), norm.epsilon);
+            // The running statistics as Burn's BatchNorm updates them.
+            let update = |state: &burn::module::RunningState<Tensor<1>>, batch: Tensor<1>| {
+                let running = state.value_sync().to_device(&device);
+                let updated = running
+                    .mul_scalar(1.0 - norm.momentum)
+                    .add(batch.detach().mul_scalar(norm.momentum));
+                state.update(updated.detach());
+            };
+            update(&norm.running_mean, mean);
+            update(&norm.running_var, var);
+            return y;
+        }
+        // Inference (evaluation, frozen layers), where only `x` can take a gradient.
+        let (gamma, beta) = (norm.gamma.val(), norm.beta.val());
+        if !gamma.is_require_grad() && !beta.is_require_grad() {
+            let mean = norm.running_mean.value().to_device(&device);
+            let var = norm.running_var.value().to_device(&device);
+            // As Burn's `batch_norm` computes it: the same value, bit for bit.
+            let std = var.add_scalar(norm.epsilon).sqrt();
+            return flex::batch_norm_inference(x, gamma, beta, mean, std);
+        }
     }
     norm.forward(x)
 }
