@@ -1,7 +1,7 @@
 //! pFedClub's custom CNNs (CNN1–CNN4), as one configurable stack of conv and FC layers.
 
-use crate::kernels::relu;
 use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
+use crate::kernels::{linear, relu};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
@@ -287,7 +287,7 @@ impl BlockForward for StackedCnn {
         }
         let i = index - self.convs.len();
         let last = self.fc.len() - 1;
-        let mut x = self.fc[i].forward(x.into_flat());
+        let mut x = linear(&self.fc[i], x.into_flat());
         if i < last {
             x = relu(self.scale(x));
         }

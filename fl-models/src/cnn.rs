@@ -1,5 +1,5 @@
-use crate::kernels::relu;
 use crate::kernels::{conv2d_forward, max_pool2d_forward};
+use crate::kernels::{linear, relu};
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
@@ -120,7 +120,7 @@ impl BlockForward for Cnn {
             0 => Features::Map(conv(&self.conv1, x)),
             1 => Features::Flat(conv(&self.conv2, x).flatten(1, 3)),
             i if i - 2 + 1 < self.fc.len() => {
-                Features::Flat(relu(self.fc[i - 2].forward(x.into_flat())))
+                Features::Flat(relu(linear(&self.fc[i - 2], x.into_flat())))
             }
             _ => Features::Flat(self.classify(x.into_flat())),
         }

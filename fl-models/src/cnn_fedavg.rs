@@ -1,5 +1,5 @@
-use crate::kernels::relu;
 use crate::kernels::{conv2d_forward, max_pool2d_forward};
+use crate::kernels::{linear, relu};
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
@@ -72,7 +72,7 @@ impl CnnFedAvg {
 
     /// FC2.
     fn classify(&self, features: Tensor<2>) -> Tensor<2> {
-        self.fc2.forward(features)
+        linear(&self.fc2, features)
     }
 }
 
@@ -84,7 +84,7 @@ impl BlockForward for CnnFedAvg {
         match index {
             0 => Features::Map(conv(&self.conv1, x)),
             1 => Features::Flat(conv(&self.conv2, x).flatten(1, 3)),
-            2 => Features::Flat(relu(self.fc1.forward(x.into_flat()))),
+            2 => Features::Flat(relu(linear(&self.fc1, x.into_flat()))),
             _ => Features::Flat(self.classify(x.into_flat())),
         }
     }

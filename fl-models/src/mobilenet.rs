@@ -1,7 +1,7 @@
 //! MobileNetV1, V2 and V3-Small with CIFAR-sized strides (32×32 inputs keep a useful map size).
 
-use crate::kernels::relu;
 use crate::kernels::{batch_norm_forward, conv2d_forward};
+use crate::kernels::{linear, relu};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
@@ -433,7 +433,7 @@ impl BlockForward for MobileNet {
         if i == last {
             x = self.dropout.forward(x);
         }
-        x = self.fc[i].forward(x);
+        x = linear(&self.fc[i], x);
         if i < last {
             x = self.hidden_act.apply(x);
         }

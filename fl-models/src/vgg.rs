@@ -1,7 +1,7 @@
 //! VGG-16 with BatchNorm for small images.
 
-use crate::kernels::relu;
 use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
+use crate::kernels::{linear, relu};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
@@ -119,7 +119,7 @@ impl Vgg16 {
 
     /// FC3.
     fn classify(&self, features: Tensor<2>) -> Tensor<2> {
-        self.fc3.forward(features)
+        linear(&self.fc3, features)
     }
 }
 
@@ -142,8 +142,8 @@ impl BlockForward for Vgg16 {
         }
         let x = x.into_flat();
         Features::Flat(match index - self.features.len() {
-            0 => self.dropout.forward(relu(self.fc1.forward(x))),
-            1 => self.dropout.forward(relu(self.fc2.forward(x))),
+            0 => self.dropout.forward(relu(linear(&self.fc1, x))),
+            1 => self.dropout.forward(relu(linear(&self.fc2, x))),
             _ => self.classify(x),
         })
     }

@@ -11,11 +11,13 @@
 //! batch norm (Burn's is composed of tensor ops with layout copies). The MobileNets' depthwise
 //! convolutions (groups = channels, no bias, any stride) run a direct kernel over stride-phased
 //! planes, and their ReLU6 and hard-swish one fused pass each way (Burn composes them of clamps
-//! and mask fills). They plug into Burn as backend extensions with their own backward passes,
-//! so models stay ordinary backend-generic Burn modules: on any other backend, and for any
-//! other convolution (grouped, dilated, `f16`, ...), these functions call Burn's own
-//! [`conv2d`](burn::tensor::module::conv2d), [`max_pool2d`](burn::tensor::module::max_pool2d),
-//! [`BatchNorm::forward`] and activations.
+//! and mask fills). Fully connected layers run Burn's own product and bias bit for bit, minus
+//! the copy flex makes of every product's output. They plug into Burn as backend extensions
+//! with their own backward passes, so models stay ordinary backend-generic Burn modules: on any
+//! other backend, and for any other convolution (grouped, dilated, `f16`, ...), these functions
+//! call Burn's own [`conv2d`](burn::tensor::module::conv2d),
+//! [`max_pool2d`](burn::tensor::module::max_pool2d), [`BatchNorm::forward`],
+//! [`Linear::forward`] and activations.
 //!
 //! Results are deterministic and independent of the thread count; they differ from Burn's own
 //! kernels only by floating-point summation order.
@@ -27,6 +29,8 @@ mod direct;
 #[cfg(feature = "flex")]
 mod flex;
 #[cfg(feature = "flex")]
+mod flex_linear;
+#[cfg(feature = "flex")]
 mod flex_mobile;
 pub(crate) mod isa;
 
@@ -34,10 +38,10 @@ pub use isa::{Isa, set_max_isa};
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use burn::nn::BatchNorm;
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::MaxPool2d;
+use burn::nn::{BatchNorm, Linear};
 use burn::tensor::Tensor;
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 
@@ -55,16 +59,19 @@ pub enum Kernel {
     BatchNorm,
     /// ReLU, ReLU6 and hard-swish.
     Activation,
+    /// Fully connected layers (bitwise Burn's; only the output copy of flex's product is gone).
+    Linear,
 }
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 5] = [
+    pub const ALL: [Kernel; 6] = [
         Kernel::Conv,
         Kernel::Depthwise,
         Kernel::MaxPool,
         Kernel::BatchNorm,
         Kernel::Activation,
+        Kernel::Linear,
     ];
 
     /// The name `fl bench --burn-kernels` takes.
@@ -75,6 +82,7 @@ impl Kernel {
             Kernel::MaxPool => "max-pool",
             Kernel::BatchNorm => "batch-norm",
             Kernel::Activation => "activation",
+            Kernel::Linear => "linear",
         }
     }
 
@@ -239,6 +247,19 @@ pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
         }
     }
     norm.forward(x)
+}
+
+/// Burn's [`Linear::forward`] for a batch of vectors, bit for bit, on the flex kernel where it
+/// applies (a layer with a bias, `f32`).
+pub fn linear(layer: &Linear, x: Tensor<2>) -> Tensor<2> {
+    #[cfg(feature = "flex")]
+    if let Some(bias) = &layer.bias {
+        let weight = layer.weight.val();
+        if kernel_enabled(Kernel::Linear) && flex_linear::handles(&x, &weight) {
+            return flex_linear::linear(x, weight, bias.val());
+        }
+    }
+    layer.forward(x)
 }
 
 /// Burn's [`Conv2d::forward`] on the fast kernels: the same padding rules and parameters.
@@ -536,6 +557,67 @@ mod tests {
             );
         };
         cpu::tests::at_every_isa(check);
+    }
+
+    /// The FC kernel is Burn's `Linear` bit for bit: the output and the gradients of the input,
+    /// weight and bias, for small and thread-pool-sized products (flex's parallel threshold is
+    /// 192³), with and without a tracked input, for a strided (transposed) input, and without
+    /// autodiff.
+    #[test]
+    fn linear_is_burns_bit_for_bit() {
+        use burn::module::Module;
+        use burn::nn::LinearConfig;
+        fn bits<const D: usize>(t: Tensor<D>) -> Vec<u32> {
+            let v = t.into_data().try_to_vec::<f32>().unwrap();
+            v.into_iter().map(f32::to_bits).collect()
+        }
+        let normal = Distribution::Normal(0.0, 1.0);
+        let device = Device::flex().autodiff();
+        for (rows, d_in, d_out, track_x, transposed) in [
+            (3, 5, 7, true, false),
+            (50, 1600, 512, true, false),
+            (64, 300, 10, false, false),
+            (20, 30, 40, true, true),
+        ] {
+            let layer = LinearConfig::new(d_in, d_out).init(&device);
+            let leaf = if transposed {
+                Tensor::<2>::random([d_in, rows], normal, &device)
+            } else {
+                Tensor::<2>::random([rows, d_in], normal, &device)
+            };
+            let leaf = if track_x { leaf.require_grad() } else { leaf };
+            let probe = Tensor::<2>::random([rows, d_out], normal, &device);
+            // Each side on its own graph: Burn's tape is consumed by one backward pass.
+            let run = |kernel: bool| {
+                let x = if transposed {
+                    leaf.clone().transpose()
+                } else {
+                    leaf.clone()
+                };
+                let y = if kernel {
+                    linear(&layer, x)
+                } else {
+                    layer.forward(x)
+                };
+                let g = (y.clone() * probe.clone()).sum().backward();
+                let bias = layer.bias.as_ref().unwrap();
+                let dx = track_x.then(|| bits(leaf.grad(&g).unwrap()));
+                let grads = (
+                    bits(layer.weight.grad(&g).unwrap()),
+                    bits(bias.grad(&g).unwrap()),
+                );
+                (bits(y), grads, dx)
+            };
+            assert_eq!(run(true), run(false), "{rows}x{d_in}x{d_out}");
+            let x = if transposed {
+                leaf.clone().transpose()
+            } else {
+                leaf.clone()
+            };
+            let plain = layer.valid();
+            let x = Tensor::<2>::from_data(x.into_data(), &Device::flex());
+            assert_eq!(bits(linear(&plain, x.clone())), bits(plain.forward(x)));
+        }
     }
 
     /// Each kernel family switches on its own; switched off, its op is Burn's, bit for bit.
