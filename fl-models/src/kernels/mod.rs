@@ -177,6 +177,7 @@ pub enum Activation {
 
 impl Activation {
     /// Whether the fused kernel's backward pass reads the activation's output (else its input).
+    #[cfg(feature = "flex")]
     pub(crate) fn backward_reads_output(self) -> bool {
         matches!(self, Self::Relu | Self::Relu6)
     }
