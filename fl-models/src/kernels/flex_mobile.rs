@@ -98,6 +98,19 @@ pub(super) fn activation<const D: usize>(x: Tensor<D>, act: Activation) -> Tenso
     ))
 }
 
+/// The values of a contiguous tensor that nothing else holds (no other tensor shares its buffer,
+/// which it fills exactly), to overwrite in place: saves a buffer and a pass over fresh memory.
+fn owned_values(t: &mut FlexTensor) -> Option<&mut [f32]> {
+    let whole = t.is_contiguous()
+        && t.layout().start_offset() == 0
+        && t.bytes().len() == t.shape().num_elements() * size_of::<f32>();
+    if whole {
+        t.try_storage_mut::<f32>()
+    } else {
+        None
+    }
+}
+
 fn geometry_of(x: &FlexTensor, weight: &FlexTensor, options: &ConvOptions<2>) -> Conv2dGeometry {
     depthwise_geometry(dims4(&x.shape()), dims4(&weight.shape()), options).expect(UNSUPPORTED)
 }
@@ -138,17 +151,23 @@ impl MobileKernelOps for Flex {
     }
 
     fn fl_activation(x: FlexTensor, act: Activation) -> FlexTensor {
-        let shape = x.shape();
-        let x = contiguous(x);
+        let mut x = contiguous(x);
+        if let Some(values) = owned_values(&mut x) {
+            cpu::activation_forward_in_place(act, values);
+            return x;
+        }
         let y = cpu::activation_forward(act, slice(&x));
-        FlexTensor::from_data(TensorData::new(y, shape))
+        FlexTensor::from_data(TensorData::new(y, x.shape()))
     }
 
     fn fl_activation_backward(saved: FlexTensor, grad: FlexTensor, act: Activation) -> FlexTensor {
-        let shape = saved.shape();
-        let (saved, grad) = (contiguous(saved), contiguous(grad));
+        let (saved, mut grad) = (contiguous(saved), contiguous(grad));
+        if let Some(values) = owned_values(&mut grad) {
+            cpu::activation_backward_in_place(act, slice(&saved), values);
+            return grad;
+        }
         let dx = cpu::activation_backward(act, slice(&saved), slice(&grad));
-        FlexTensor::from_data(TensorData::new(dx, shape))
+        FlexTensor::from_data(TensorData::new(dx, saved.shape()))
     }
 }
 

@@ -497,6 +497,10 @@ mod tests {
                 let g_ours = (ours.clone() * probe.clone()).sum().backward();
                 let g_burn = (burns.clone() * probe).sum().backward();
                 let (dx_ours, dx_burn) = (x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
+                // A tensor nothing else holds is overwritten in place: the same values.
+                let unique = Tensor::<1>::from_floats(values.as_slice(), &Device::flex());
+                let in_place = act.apply(unique.reshape([1, 1, 1, n]));
+                assert_eq!(bits(in_place), bits(ours.clone()), "{act:?} in place");
                 if act == Activation::Relu {
                     // ReLU is bitwise Burn's (models switched to it keep their pinned results).
                     assert_eq!(bits(ours), bits(burns));

@@ -82,12 +82,34 @@ fn backward_generic(act: Activation, x: &[f32], dy: &[f32], dx: &mut [f32]) {
     }
 }
 
+#[inline(always)]
+fn forward_in_place_generic(act: Activation, x: &mut [f32]) {
+    for v in x {
+        *v = forward_one(act, *v);
+    }
+}
+
+#[inline(always)]
+fn backward_in_place_generic(act: Activation, x: &[f32], g: &mut [f32]) {
+    for (g, x) in g.iter_mut().zip(x) {
+        *g = backward_one(act, *x, *g);
+    }
+}
+
 best_isa! {
     fn forward_chunk => forward_generic(act: Activation, x: &[f32], y: &mut [f32])
 }
 
 best_isa! {
     fn backward_chunk => backward_generic(act: Activation, x: &[f32], dy: &[f32], dx: &mut [f32])
+}
+
+best_isa! {
+    fn forward_in_place_chunk => forward_in_place_generic(act: Activation, x: &mut [f32])
+}
+
+best_isa! {
+    fn backward_in_place_chunk => backward_in_place_generic(act: Activation, x: &[f32], g: &mut [f32])
 }
 
 /// The activation of every element of `x`.
@@ -107,4 +129,19 @@ pub fn activation_backward(act: Activation, x: &[f32], dy: &[f32]) -> Vec<f32> {
         .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
         .for_each(|(dx, (x, dy))| backward_chunk(act, x, dy, dx));
     dx
+}
+
+/// [`activation_forward`] overwriting its input (a tensor nothing else holds): no new buffer,
+/// the same values.
+pub fn activation_forward_in_place(act: Activation, x: &mut [f32]) {
+    x.par_chunks_mut(CHUNK)
+        .for_each(|x| forward_in_place_chunk(act, x));
+}
+
+/// [`activation_backward`] overwriting the output gradient `g` with the input gradient.
+pub fn activation_backward_in_place(act: Activation, x: &[f32], g: &mut [f32]) {
+    assert_eq!(x.len(), g.len(), "activation backward: gradient length");
+    g.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(g, x)| backward_in_place_chunk(act, x, g));
 }

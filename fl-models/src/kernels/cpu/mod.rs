@@ -45,7 +45,10 @@ mod pool;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use act::{activation_backward, activation_forward};
+pub use act::{
+    activation_backward, activation_backward_in_place, activation_forward,
+    activation_forward_in_place,
+};
 pub use depthwise::{depthwise_forward, depthwise_input_grad, depthwise_weight_grad};
 pub use norm::{
     NormGeometry, batch_norm_inference, batch_norm_inference_backward, batch_norm_train_backward,

@@ -440,8 +440,18 @@ fn depthwise_and_activation_bits_do_not_depend_on_tier_or_threads() {
                     bits(depthwise_weight_grad(&g, &x, &dy)),
                 ];
                 for act in [Activation::Relu, Activation::Relu6, Activation::HardSwish] {
-                    out.push(bits(activation_forward(act, &act_x)));
-                    out.push(bits(activation_backward(act, &act_x, &act_dy)));
+                    let (y, dx) = (
+                        activation_forward(act, &act_x),
+                        activation_backward(act, &act_x, &act_dy),
+                    );
+                    // In place (a tensor nothing else holds): the same values.
+                    let (mut y_in_place, mut dx_in_place) = (act_x.clone(), act_dy.clone());
+                    activation_forward_in_place(act, &mut y_in_place);
+                    activation_backward_in_place(act, &act_x, &mut dx_in_place);
+                    assert_eq!(bits(y_in_place), bits(y.clone()), "{act:?} in place");
+                    assert_eq!(bits(dx_in_place), bits(dx.clone()), "{act:?} in place");
+                    out.push(bits(y));
+                    out.push(bits(dx));
                 }
                 out
             })
