@@ -269,6 +269,31 @@ pub(super) fn contiguous(t: FlexTensor) -> FlexTensor {
     }
 }
 
+/// The values of a contiguous tensor whose buffer nothing else holds (and which it fills
+/// exactly), to overwrite in place; `None` for any other tensor.
+pub(super) fn values_mut(t: &mut FlexTensor) -> Option<&mut [f32]> {
+    let whole = t.is_contiguous()
+        && t.layout().start_offset() == 0
+        && t.bytes().len() == t.shape().num_elements() * size_of::<f32>();
+    if whole {
+        t.try_storage_mut::<f32>()
+    } else {
+        None
+    }
+}
+
+/// `t` itself where [`values_mut`] can overwrite it (nothing else holds it: no new buffer, and
+/// no pass over freshly zeroed memory), else a contiguous copy of it.
+pub(super) fn owned(t: FlexTensor) -> FlexTensor {
+    let mut t = contiguous(t);
+    if values_mut(&mut t).is_some() {
+        return t;
+    }
+    FlexTensor::from_data(TensorData::new(slice(&t).to_vec(), t.shape()))
+}
+
+pub(super) const OWNED: &str = "flex kernels: `owned` returns a tensor `values_mut` can write";
+
 pub(super) fn slice(t: &FlexTensor) -> &[f32] {
     t.as_slice::<f32>()
         .expect("flex kernels: contiguous f32 tensors (checked by the caller)")
@@ -376,23 +401,16 @@ impl CpuKernelOps for Flex {
         grad: FlexTensor,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
         let g = norm_geometry(&x);
-        let dims = dims4(&x.shape());
-        let (x, gamma, grad) = (contiguous(x), contiguous(gamma), contiguous(grad));
+        let (x, gamma, mut grad) = (contiguous(x), contiguous(gamma), owned(grad));
         let (mean, variance) = (contiguous(mean), contiguous(variance));
-        let (dx, d_gamma, d_beta) = cpu::batch_norm_train_backward(
+        let (d_gamma, d_beta) = cpu::batch_norm_train_backward(
             &g,
             slice(&x),
-            slice(&gamma),
-            slice(&mean),
-            slice(&variance),
+            (slice(&gamma), slice(&mean), slice(&variance)),
             epsilon,
-            slice(&grad),
+            values_mut(&mut grad).expect(OWNED),
         );
-        (
-            flex_tensor(dx, dims),
-            flex_vector(d_gamma),
-            flex_vector(d_beta),
-        )
+        (grad, flex_vector(d_gamma), flex_vector(d_beta))
     }
 
     fn fl_batch_norm_inference(
@@ -403,17 +421,11 @@ impl CpuKernelOps for Flex {
         std: FlexTensor,
     ) -> FlexTensor {
         let g = norm_geometry(&x);
-        let dims = dims4(&x.shape());
-        let [x, gamma, beta, mean, std] = [x, gamma, beta, mean, std].map(contiguous);
-        let y = cpu::batch_norm_inference(
-            &g,
-            slice(&x),
-            slice(&gamma),
-            slice(&beta),
-            slice(&mean),
-            slice(&std),
-        );
-        flex_tensor(y, dims)
+        let mut x = owned(x);
+        let [gamma, beta, mean, std] = [gamma, beta, mean, std].map(contiguous);
+        let params = (slice(&gamma), slice(&beta), slice(&mean), slice(&std));
+        cpu::batch_norm_inference(&g, values_mut(&mut x).expect(OWNED), params);
+        x
     }
 
     fn fl_batch_norm_inference_backward(
@@ -422,10 +434,11 @@ impl CpuKernelOps for Flex {
         grad: FlexTensor,
     ) -> FlexTensor {
         let g = norm_geometry(&grad);
-        let dims = dims4(&grad.shape());
-        let [gamma, std, grad] = [gamma, std, grad].map(contiguous);
-        let dx = cpu::batch_norm_inference_backward(&g, slice(&grad), slice(&gamma), slice(&std));
-        flex_tensor(dx, dims)
+        let mut grad = owned(grad);
+        let [gamma, std] = [gamma, std].map(contiguous);
+        let values = values_mut(&mut grad).expect(OWNED);
+        cpu::batch_norm_inference_backward(&g, values, slice(&gamma), slice(&std));
+        grad
     }
 }
 

@@ -14,7 +14,9 @@ use burn_flex::FlexTensor;
 
 use super::Activation;
 use super::cpu::{self, Conv2dGeometry};
-use super::flex::{UNSUPPORTED, contiguous, dims4, flex_tensor, on_flex, slice, spatial_geometry};
+use super::flex::{
+    UNSUPPORTED, contiguous, dims4, flex_tensor, on_flex, slice, spatial_geometry, values_mut,
+};
 
 /// Depthwise convolutions and fused activations for CPU backends, with hand-written backward
 /// passes.
@@ -98,19 +100,6 @@ pub(super) fn activation<const D: usize>(x: Tensor<D>, act: Activation) -> Tenso
     ))
 }
 
-/// The values of a contiguous tensor that nothing else holds (no other tensor shares its buffer,
-/// which it fills exactly), to overwrite in place: saves a buffer and a pass over fresh memory.
-fn owned_values(t: &mut FlexTensor) -> Option<&mut [f32]> {
-    let whole = t.is_contiguous()
-        && t.layout().start_offset() == 0
-        && t.bytes().len() == t.shape().num_elements() * size_of::<f32>();
-    if whole {
-        t.try_storage_mut::<f32>()
-    } else {
-        None
-    }
-}
-
 fn geometry_of(x: &FlexTensor, weight: &FlexTensor, options: &ConvOptions<2>) -> Conv2dGeometry {
     depthwise_geometry(dims4(&x.shape()), dims4(&weight.shape()), options).expect(UNSUPPORTED)
 }
@@ -152,7 +141,7 @@ impl MobileKernelOps for Flex {
 
     fn fl_activation(x: FlexTensor, act: Activation) -> FlexTensor {
         let mut x = contiguous(x);
-        if let Some(values) = owned_values(&mut x) {
+        if let Some(values) = values_mut(&mut x) {
             cpu::activation_forward_in_place(act, values);
             return x;
         }
@@ -162,7 +151,7 @@ impl MobileKernelOps for Flex {
 
     fn fl_activation_backward(saved: FlexTensor, grad: FlexTensor, act: Activation) -> FlexTensor {
         let (saved, mut grad) = (contiguous(saved), contiguous(grad));
-        if let Some(values) = owned_values(&mut grad) {
+        if let Some(values) = values_mut(&mut grad) {
             cpu::activation_backward_in_place(act, slice(&saved), values);
             return grad;
         }

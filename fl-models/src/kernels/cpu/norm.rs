@@ -107,17 +107,17 @@ pub fn batch_norm_train_forward(
 
 /// Gradients of [`batch_norm_train_forward`] with respect to `x`, `γ` and `β`, given the
 /// statistics it returned: with x̂ = (x − μ)/√(σ²+ε) and M elements per channel,
-/// `dβ = Σ dy`, `dγ = Σ dy·x̂`, `dx = γ/√(σ²+ε) · (dy − dβ/M − x̂·dγ/M)`.
-#[allow(clippy::too_many_arguments)]
+/// `dβ = Σ dy`, `dγ = Σ dy·x̂`, `dx = γ/√(σ²+ε) · (dy − dβ/M − x̂·dγ/M)`. `grad` holds dy and
+/// is overwritten with dx (no new buffer); returns `(dγ, dβ)`.
 pub fn batch_norm_train_backward(
     g: &NormGeometry,
     x: &[f32],
-    gamma: &[f32],
-    mean: &[f32],
-    var: &[f32],
+    (gamma, mean, var): (&[f32], &[f32], &[f32]),
     epsilon: f64,
-    dy: &[f32],
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    grad: &mut [f32],
+) -> (Vec<f32>, Vec<f32>) {
+    assert_eq!(x.len(), grad.len(), "batch norm backward: gradient length");
+    let dy = &*grad;
     let inv_std: Vec<f64> = var
         .iter()
         .map(|&v| 1.0 / (v as f64 + epsilon).sqrt())
@@ -150,53 +150,42 @@ pub fn batch_norm_train_backward(
         let c0 = -k * sum_dy / g.count() - c1 * m;
         coefficients.push((k as f32, c1 as f32, c0 as f32));
     }
-    let mut dx = vec![0.0f32; x.len()];
     if g.plane > 0 {
-        dx.par_chunks_mut(g.plane)
-            .zip(x.par_chunks(g.plane).zip(dy.par_chunks(g.plane)))
+        grad.par_chunks_mut(g.plane)
+            .zip(x.par_chunks(g.plane))
             .enumerate()
-            .for_each(|(i, (dx_p, (x_p, dy_p)))| {
+            .for_each(|(i, (d_p, x_p))| {
                 let (k, c1, c0) = coefficients[i % g.channels];
-                for ((o, v), d) in dx_p.iter_mut().zip(x_p).zip(dy_p) {
-                    *o = k * d + c1 * v + c0;
+                for (d, v) in d_p.iter_mut().zip(x_p) {
+                    *d = k * *d + c1 * v + c0;
                 }
             });
     }
-    (dx, d_gamma, d_beta)
+    (d_gamma, d_beta)
 }
 
-/// `((x − mean) / std) · γ + β` over one sample's `[channels, plane]`, each value computed with
-/// exactly the operations of Burn's `batch_norm` (so the results are bitwise Burn's).
+/// `((x − mean) / std) · γ + β` over one sample's `[channels, plane]`, in place, each value
+/// computed with exactly the operations of Burn's `batch_norm` (so the results are bitwise
+/// Burn's).
 #[inline(always)]
-fn inference_generic(
-    plane: usize,
-    x: &[f32],
-    params: (&[f32], &[f32], &[f32], &[f32]),
-    y: &mut [f32],
-) {
+fn inference_generic(plane: usize, x: &mut [f32], params: (&[f32], &[f32], &[f32], &[f32])) {
     let (gamma, beta, mean, std) = params;
-    for (c, (y, x)) in y.chunks_mut(plane).zip(x.chunks(plane)).enumerate() {
+    for (c, x) in x.chunks_mut(plane).enumerate() {
         let (m, s, g, b) = (mean[c], std[c], gamma[c], beta[c]);
-        for (y, x) in y.iter_mut().zip(x) {
-            *y = ((x - m) / s) * g + b;
+        for x in x.iter_mut() {
+            *x = ((*x - m) / s) * g + b;
         }
     }
 }
 
-/// `(dy · γ) · (1 / std)` over one sample: the input gradient as Burn's autodiff computes it
-/// through that composition.
+/// `(dy · γ) · (1 / std)` over one sample, in place: the input gradient as Burn's autodiff
+/// computes it through that composition.
 #[inline(always)]
-fn inference_backward_generic(
-    plane: usize,
-    dy: &[f32],
-    gamma: &[f32],
-    std: &[f32],
-    dx: &mut [f32],
-) {
-    for (c, (dx, dy)) in dx.chunks_mut(plane).zip(dy.chunks(plane)).enumerate() {
+fn inference_backward_generic(plane: usize, grad: &mut [f32], gamma: &[f32], std: &[f32]) {
+    for (c, grad) in grad.chunks_mut(plane).enumerate() {
         let (g, inv) = (gamma[c], 1.0 / std[c]);
-        for (dx, dy) in dx.iter_mut().zip(dy) {
-            *dx = (dy * g) * inv;
+        for d in grad.iter_mut() {
+            *d = (*d * g) * inv;
         }
     }
 }
@@ -204,52 +193,41 @@ fn inference_backward_generic(
 best_isa! {
     fn inference_sample => inference_generic(
         plane: usize,
-        x: &[f32],
-        params: (&[f32], &[f32], &[f32], &[f32]),
-        y: &mut [f32]
+        x: &mut [f32],
+        params: (&[f32], &[f32], &[f32], &[f32])
     )
 }
 
 best_isa! {
     fn inference_backward_sample => inference_backward_generic(
         plane: usize,
-        dy: &[f32],
+        grad: &mut [f32],
         gamma: &[f32],
-        std: &[f32],
-        dx: &mut [f32]
+        std: &[f32]
     )
 }
 
-/// Batch normalisation with given statistics (inference, frozen layers): `std` is
-/// `sqrt(var + ε)` as the caller computed it. One pass, samples in parallel, where Burn's
-/// composition makes four passes on one thread.
+/// Batch normalisation with given statistics (inference, frozen layers), overwriting `x`:
+/// `std` is `sqrt(var + ε)` as the caller computed it. One pass, samples in parallel, where
+/// Burn's composition makes four passes on one thread.
 pub fn batch_norm_inference(
     g: &NormGeometry,
-    x: &[f32],
-    gamma: &[f32],
-    beta: &[f32],
-    mean: &[f32],
-    std: &[f32],
-) -> Vec<f32> {
+    x: &mut [f32],
+    (gamma, beta, mean, std): (&[f32], &[f32], &[f32], &[f32]),
+) {
     let sample = (g.channels * g.plane).max(1);
-    let mut y = vec![0.0f32; x.len()];
-    y.par_chunks_mut(sample)
-        .zip(x.par_chunks(sample))
-        .for_each(|(y, x)| inference_sample(g.plane, x, (gamma, beta, mean, std), y));
-    y
+    x.par_chunks_mut(sample)
+        .for_each(|x| inference_sample(g.plane, x, (gamma, beta, mean, std)));
 }
 
-/// The input gradient of [`batch_norm_inference`] given the output gradient `dy`.
+/// The input gradient of [`batch_norm_inference`], overwriting the output gradient in `grad`.
 pub fn batch_norm_inference_backward(
     g: &NormGeometry,
-    dy: &[f32],
+    grad: &mut [f32],
     gamma: &[f32],
     std: &[f32],
-) -> Vec<f32> {
+) {
     let sample = (g.channels * g.plane).max(1);
-    let mut dx = vec![0.0f32; dy.len()];
-    dx.par_chunks_mut(sample)
-        .zip(dy.par_chunks(sample))
-        .for_each(|(dx, dy)| inference_backward_sample(g.plane, dy, gamma, std, dx));
-    dx
+    grad.par_chunks_mut(sample)
+        .for_each(|grad| inference_backward_sample(g.plane, grad, gamma, std));
 }
