@@ -182,7 +182,7 @@ pub(super) fn conv2d_forward(
         bias_padded[..g.c_out].copy_from_slice(bias);
     }
     let [oh, ow] = g.output;
-    let mut y = vec![0.0f32; g.batch * g.output_len()];
+    let mut y = super::cpu::par_zeroed(g.batch * g.output_len());
     y.par_chunks_mut(g.output_len())
         .zip(x.par_chunks(g.input_len()))
         .for_each_init(
@@ -236,7 +236,7 @@ pub(super) fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) 
         h.min(wide.padded[0].saturating_sub(ph)),
         w.min(wp.saturating_sub(pw)),
     );
-    let mut dx = vec![0.0f32; g.batch * g.input_len()];
+    let mut dx = super::cpu::par_zeroed(g.batch * g.input_len());
     dx.par_chunks_mut(g.input_len())
         .zip(dy.par_chunks(g.output_len()))
         .for_each_init(

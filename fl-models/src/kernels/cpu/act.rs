@@ -114,7 +114,7 @@ best_isa! {
 
 /// The activation of every element of `x`.
 pub fn activation_forward(act: Activation, x: &[f32]) -> Vec<f32> {
-    let mut y = vec![0.0f32; x.len()];
+    let mut y = super::par_zeroed(x.len());
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         .for_each(|(y, x)| forward_chunk(act, x, y));
@@ -124,7 +124,7 @@ pub fn activation_forward(act: Activation, x: &[f32]) -> Vec<f32> {
 /// The gradient of [`activation_forward`] with respect to its input, given the output gradient
 /// `dy` and `x`: the activation's output for ReLU and ReLU6, its input for hard-swish.
 pub fn activation_backward(act: Activation, x: &[f32], dy: &[f32]) -> Vec<f32> {
-    let mut dx = vec![0.0f32; x.len()];
+    let mut dx = super::par_zeroed(x.len());
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
         .for_each(|(dx, (x, dy))| backward_chunk(act, x, dy, dx));

@@ -154,7 +154,7 @@ fn planes(g: &Conv2dGeometry) -> (usize, usize) {
 pub fn depthwise_forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
     let (in_plane, out_plane) = planes(g);
     let taps = g.kernel[0] * g.kernel[1];
-    let mut y = vec![0.0f32; g.batch * g.c_in * out_plane];
+    let mut y = super::par_zeroed(g.batch * g.c_in * out_plane);
     y.par_chunks_mut(out_plane)
         .zip(x.par_chunks(in_plane))
         .enumerate()
@@ -199,7 +199,7 @@ fn forward_plane_generic(
 pub fn depthwise_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
     let (in_plane, out_plane) = planes(g);
     let taps = g.kernel[0] * g.kernel[1];
-    let mut dx = vec![0.0f32; g.batch * g.c_in * in_plane];
+    let mut dx = super::par_zeroed(g.batch * g.c_in * in_plane);
     dx.par_chunks_mut(in_plane)
         .zip(dy.par_chunks(out_plane))
         .enumerate()

@@ -89,7 +89,7 @@ pub fn batch_norm_train_forward(
             (a, bt - m * a)
         })
         .collect();
-    let mut y = vec![0.0f32; x.len()];
+    let mut y = super::par_zeroed(x.len());
     if g.plane > 0 {
         y.par_chunks_mut(g.plane)
             .zip(x.par_chunks(g.plane))

@@ -55,7 +55,7 @@ fn has_nan(plane: &[f32]) -> bool {
 pub fn max_pool2d_forward(g: &PoolGeometry, x: &[f32]) -> Vec<f32> {
     let in_plane = g.input[0] * g.input[1];
     let [oh, ow] = g.output;
-    let mut y = vec![0.0f32; g.planes * oh * ow];
+    let mut y = super::par_zeroed(g.planes * oh * ow);
     if oh * ow == 0 || in_plane == 0 {
         return y;
     }
@@ -100,7 +100,7 @@ fn pool_forward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], y_p: &mut [f32]
 pub fn max_pool2d_backward(g: &PoolGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let in_plane = g.input[0] * g.input[1];
     let [oh, ow] = g.output;
-    let mut dx = vec![0.0f32; g.planes * in_plane];
+    let mut dx = super::par_zeroed(g.planes * in_plane);
     if oh * ow == 0 || in_plane == 0 {
         return dx;
     }
