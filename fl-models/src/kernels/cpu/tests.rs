@@ -102,6 +102,13 @@ fn cases() -> Vec<Conv2dGeometry> {
         // The CIFAR CNN's second convolution, with a batch over two weight-gradient chunks.
         geometry([10, 6, 14, 14], [16, 5, 5], [1, 1], [(0, 0), (0, 0)]),
         geometry([3, 9, 6, 7], [7, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        // Wide lengths of five, three and seven vectors (ResNet-20's 8×8 maps: five), with
+        // channel tiles of eight, six and four.
+        geometry([2, 5, 8, 8], [16, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([2, 5, 8, 8], [6, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([2, 3, 9, 8], [6, 5, 5], [1, 1], [(0, 0), (0, 0)]),
+        geometry([2, 3, 8, 8], [4, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([2, 3, 9, 9], [8, 3, 3], [1, 1], [(1, 1), (1, 1)]),
     ]
 }
 
