@@ -58,6 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             eval_every: 1,
             seed,
             threads: 2,
+            parallel_clients: None,
             eval_batch_size: 500,
             train: TrainConfig {
                 local_epochs: 1,

@@ -94,6 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eval_every: 1,
         seed,
         threads: 2,
+        parallel_clients: None,
         eval_batch_size: 256,
         train: TrainConfig {
             local_epochs: 2,

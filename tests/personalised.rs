@@ -49,6 +49,7 @@ fn run(
             eval_every: 1,
             seed: 5,
             threads,
+            parallel_clients: None,
             eval_batch_size: 250,
             train: TrainConfig {
                 local_epochs: 1,

@@ -149,6 +149,7 @@ fn simulate(
         eval_every: 1,
         seed,
         threads,
+        parallel_clients: None,
         eval_batch_size: 64,
         train: TrainConfig {
             local_epochs: 1,

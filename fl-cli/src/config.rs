@@ -135,6 +135,11 @@ pub struct RunSettings {
     /// Worker threads (default: all cores). Results do not depend on it.
     #[arg(long, default_value_t = default_threads())]
     pub threads: usize,
+    /// At most N clients train at once (default: as many as threads run). Each holds its
+    /// model's activations: 1 bounds local training's memory at one client's (pFedClub's Zoo I
+    /// on MobileNets). Results do not depend on it.
+    #[arg(long, value_name = "N")]
+    pub parallel_clients: Option<usize>,
     /// Output directory (default: runs/ALGORITHM-DATASET-MODEL-sSEED).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -517,6 +522,7 @@ impl RunSettings {
             eval_every: self.eval_every,
             seed: self.seed,
             threads: self.threads,
+            parallel_clients: self.parallel_clients,
             eval_batch_size: self.eval_batch_size,
             train: TrainConfig {
                 local_epochs: self.local_epochs,

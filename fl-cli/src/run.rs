@@ -59,7 +59,8 @@ pub fn check(cfg: &RunConfig) -> anyhow::Result<()> {
 }
 
 /// The configuration of a new run, or of the resumed run in `--resume DIR` (whose
-/// `config.toml` wins; only `--rounds` may extend it, and `--threads` may change).
+/// `config.toml` wins; only `--rounds` may extend it, and `--threads` and
+/// `--parallel-clients` may change).
 fn resolve(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)> {
     let Some(dir) = &args.resume else {
         return Ok((RunConfig::resolve(command, args)?, false));
@@ -76,11 +77,9 @@ fn resolve(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<(RunCo
             command.name()
         );
     }
-    if args
-        .given
-        .iter()
-        .any(|id| !["rounds", "resume", "quiet", "threads"].contains(&id.as_str()))
-    {
+    if args.given.iter().any(|id| {
+        !["rounds", "resume", "quiet", "threads", "parallel_clients"].contains(&id.as_str())
+    }) {
         eprintln!(
             "warning: --resume continues with {}/config.toml; other settings given are ignored",
             dir.display()
@@ -92,6 +91,9 @@ fn resolve(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<(RunCo
     // Results do not depend on the thread count: a run may continue on another machine.
     if args.given("threads") {
         cfg.run.threads = args.settings.threads;
+    }
+    if args.given("parallel_clients") {
+        cfg.run.parallel_clients = args.settings.parallel_clients;
     }
     cfg.run.out = Some(dir.clone());
     Ok((cfg, true))

@@ -151,6 +151,13 @@ fn same_seed_gives_identical_results_at_one_and_two_threads() {
     run_ok(&small_run(&b, "2", "2"));
     assert_eq!(metrics(&a), metrics(&b));
     assert_eq!(weights(&a), weights(&b));
+    // Clients trained one at a time on both threads: the same run.
+    let one = dir.path().join("one-at-a-time");
+    let mut args = small_run(&one, "2", "2");
+    args.extend(["--parallel-clients".into(), "1".into()]);
+    run_ok(&args);
+    assert_eq!(metrics(&a), metrics(&one));
+    assert_eq!(weights(&a), weights(&one));
     // A different seed gives a different run (the comparison above can fail).
     let c = dir.path().join("s8");
     let mut args = small_run(&c, "2", "2");

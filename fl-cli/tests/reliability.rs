@@ -80,6 +80,10 @@ fn bad_settings_are_refused_before_the_run_directory_exists() {
         ("--lr nan", "learning rate must be a positive number"),
         ("--threads 0", "threads must be between 1 and"),
         ("--threads 1000", "threads must be between 1 and"),
+        (
+            "--parallel-clients 0",
+            "parallel-clients must be at least 1",
+        ),
         ("--eval-batch-size 0", "eval-batch-size must be at least 1"),
         ("--eval-every 0", "eval-every must be at least 1"),
         (

@@ -51,6 +51,12 @@ pub struct EngineConfig {
     pub seed: u64,
     /// Worker threads for training clients in parallel.
     pub threads: usize,
+    /// At most this many clients train at once (default: as many as the pool runs). Each
+    /// training client holds its model's activations for the backward pass, so 1 bounds the
+    /// memory of local training at one client's (the kernels then use every thread); results
+    /// do not depend on it.
+    #[serde(default)]
+    pub parallel_clients: Option<usize>,
     /// Batch size for evaluation.
     pub eval_batch_size: usize,
     /// Local training.
@@ -84,6 +90,9 @@ impl EngineConfig {
                 "threads must be between 1 and {most} on this machine ({cores} cores), got {}; results do not depend on it",
                 self.threads
             ));
+        }
+        if self.parallel_clients == Some(0) {
+            return bad("parallel-clients must be at least 1".into());
         }
         self.train.validate().map_err(EngineError::Config)
     }
@@ -496,12 +505,21 @@ impl<M: Classifier> Simulation<'_, M> {
                 })
                 .collect();
             let train_cfg = plan.train;
-            let updates = pool.install(|| {
-                tasks
-                    .into_par_iter()
-                    .map(|task| train_local(task, &train_cfg))
-                    .collect::<Result<Vec<_>, _>>()
-            })?;
+            let at_once = cfg.parallel_clients.unwrap_or(usize::MAX);
+            let mut updates = Vec::with_capacity(tasks.len());
+            let mut tasks = tasks.into_iter();
+            loop {
+                let batch: Vec<_> = tasks.by_ref().take(at_once).collect();
+                if batch.is_empty() {
+                    break;
+                }
+                updates.extend(pool.install(|| {
+                    batch
+                        .into_par_iter()
+                        .map(|task| train_local(task, &train_cfg))
+                        .collect::<Result<Vec<_>, _>>()
+                })?);
+            }
             let train_seconds = timer.elapsed().as_secs_f64();
             let bytes_up = updates
                 .iter()
