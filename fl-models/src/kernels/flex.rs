@@ -289,7 +289,7 @@ pub(super) fn owned(t: FlexTensor) -> FlexTensor {
     if values_mut(&mut t).is_some() {
         return t;
     }
-    FlexTensor::from_data(TensorData::new(slice(&t).to_vec(), t.shape()))
+    FlexTensor::from_data(TensorData::new(cpu::par_copy(slice(&t)), t.shape()))
 }
 
 pub(super) const OWNED: &str = "flex kernels: `owned` returns a tensor `values_mut` can write";

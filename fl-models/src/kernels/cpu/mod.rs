@@ -163,6 +163,18 @@ pub(crate) fn par_zeroed(len: usize) -> Vec<f32> {
     out
 }
 
+/// A copy of `values`, copied on the thread pool (see [`par_zeroed`]).
+pub(crate) fn par_copy(values: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(values.len());
+    out.spare_capacity_mut()[..values.len()]
+        .par_chunks_mut(1 << 14)
+        .zip(values.par_chunks(1 << 14))
+        .for_each(|(dst, src)| _ = dst.write_copy_of_slice(src));
+    // SAFETY: the chunks above cover the first `values.len()` elements, and each was written.
+    unsafe { out.set_len(values.len()) };
+    out
+}
+
 /// `Σ values`, in eight interleaved partial sums (so it vectorises; the order is fixed).
 #[inline]
 pub(super) fn sum(values: &[f32]) -> f32 {
