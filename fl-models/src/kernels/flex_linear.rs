@@ -34,9 +34,9 @@ pub trait LinearKernelOps: Backend {
     fn fl_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
-/// Whether the kernel handles this layer and input: `f32` matrices on flex, with a bias.
-pub(super) fn handles(x: &Tensor<2>, weight: &Tensor<2>) -> bool {
-    x.dtype() == DType::F32 && weight.dtype() == DType::F32 && on_flex(x)
+/// Whether the kernel handles this input, weight and bias: `f32` tensors on flex.
+pub(super) fn handles(x: &Tensor<2>, weight: &Tensor<2>, bias: &Tensor<1>) -> bool {
+    [x.dtype(), weight.dtype(), bias.dtype()] == [DType::F32; 3] && on_flex(x)
 }
 
 /// Runs [`LinearKernelOps::fl_linear`] through Burn's dispatch.

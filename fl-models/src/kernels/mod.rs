@@ -255,9 +255,9 @@ pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
 pub fn linear(layer: &Linear, x: Tensor<2>) -> Tensor<2> {
     #[cfg(feature = "flex")]
     if let Some(bias) = &layer.bias {
-        let weight = layer.weight.val();
-        if kernel_enabled(Kernel::Linear) && flex_linear::handles(&x, &weight) {
-            return flex_linear::linear(x, weight, bias.val());
+        let (weight, bias) = (layer.weight.val(), bias.val());
+        if kernel_enabled(Kernel::Linear) && flex_linear::handles(&x, &weight, &bias) {
+            return flex_linear::linear(x, weight, bias);
         }
     }
     layer.forward(x)
