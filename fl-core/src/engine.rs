@@ -505,6 +505,7 @@ impl<M: Classifier> Simulation<'_, M> {
                 })
                 .collect();
             let train_cfg = plan.train;
+            // Clients in dispatch order, at most `parallel_clients` of them training at a time.
             let at_once = cfg.parallel_clients.unwrap_or(usize::MAX);
             let mut updates = Vec::with_capacity(tasks.len());
             let mut tasks = tasks.into_iter();
