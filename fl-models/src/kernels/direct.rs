@@ -402,11 +402,10 @@ fn weight_grad_chunk(
         // SAFETY: as in `forward_wide`: AVX-512F is present, and the buffers were sized from
         // `wide` just above.
         unsafe {
-            // Eight-channel tiles as two of four channels × six taps: per multiply-add half the
-            // loads of the output gradient, which streams from L2 (17% less time in this kernel
-            // on CNN1 and ResNet-20); every sum is accumulated in the same order either way.
+            // Four channels × six taps for tiles of eight too (two per tile): per multiply-add
+            // half the loads of the output gradient, which streams from L2 (17% less time in
+            // this kernel on CNN1 and ResNet-20); every sum keeps its order of additions.
             match wide.channel_tile {
-                8 => avx512::weight_grad::<4, 6>(wide, count, &inputs, &grads, g.c_out, &mut dw),
                 6 => avx512::weight_grad::<6, 4>(wide, count, &inputs, &grads, g.c_out, &mut dw),
                 _ => avx512::weight_grad::<4, 6>(wide, count, &inputs, &grads, g.c_out, &mut dw),
             }

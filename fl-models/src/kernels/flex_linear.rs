@@ -19,6 +19,7 @@ use burn::backend::{
 use burn::tensor::{DType, Shape, Tensor, TensorData};
 use burn_flex::FlexTensor;
 
+use super::cpu;
 use super::flex::{contiguous, on_flex, slice};
 
 /// Fully connected layers for CPU backends, with Burn's backward pass.
@@ -111,7 +112,7 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> Vec<f32> {
     );
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(k, b.rows, "linear kernel: inner dimensions must match");
-    let mut out = vec![0.0f32; m * n];
+    let mut out = cpu::par_zeroed(m * n);
     if m == 0 || n == 0 || k == 0 {
         return out;
     }

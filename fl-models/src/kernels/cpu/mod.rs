@@ -150,13 +150,16 @@ fn copy_short(dst: &mut [f32], src: &[f32]) {
     }
 }
 
+/// Elements per task of [`par_zeroed`] and [`par_copy`].
+const FILL_CHUNK: usize = 1 << 14;
+
 /// A zeroed output buffer, zeroed on the thread pool: `vec![0.0; len]` zeroes it on the calling
 /// thread, a serial pass that at two threads held up every kernel's parallel work (a tenth of a
 /// ResNet-20 training step).
 pub(crate) fn par_zeroed(len: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(len);
     out.spare_capacity_mut()[..len]
-        .par_chunks_mut(1 << 14)
+        .par_chunks_mut(FILL_CHUNK)
         .for_each(|chunk| chunk.iter_mut().for_each(|v| _ = v.write(0.0)));
     // SAFETY: the chunks above cover the first `len` elements, and each was written.
     unsafe { out.set_len(len) };
@@ -167,8 +170,8 @@ pub(crate) fn par_zeroed(len: usize) -> Vec<f32> {
 pub(crate) fn par_copy(values: &[f32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(values.len());
     out.spare_capacity_mut()[..values.len()]
-        .par_chunks_mut(1 << 14)
-        .zip(values.par_chunks(1 << 14))
+        .par_chunks_mut(FILL_CHUNK)
+        .zip(values.par_chunks(FILL_CHUNK))
         .for_each(|(dst, src)| _ = dst.write_copy_of_slice(src));
     // SAFETY: the chunks above cover the first `values.len()` elements, and each was written.
     unsafe { out.set_len(values.len()) };
