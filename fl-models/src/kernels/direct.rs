@@ -107,7 +107,10 @@ impl Wide {
         }
     }
 
-    /// Copies one sample into the zero-padded input buffer.
+    /// Copies one sample into the zero-padded input buffer. Writes only the sample's values:
+    /// `buf` must hold zeros everywhere else, which a zeroed buffer written only by this
+    /// function (for the same layout) does, so per-thread buffers are zeroed once, not per
+    /// sample.
     fn pad_input(&self, x_n: &[f32], buf: &mut [f32]) {
         let [h, w] = self.input;
         let [hp, wp] = self.padded;
@@ -117,10 +120,8 @@ impl Wide {
             // Unpadded and nothing cut off: the planes are already laid out as needed.
             let body = self.c_in * plane;
             buf[..body].copy_from_slice(&x_n[..body]);
-            buf[body..].fill(0.0);
             return;
         }
-        buf.fill(0.0);
         let (rows, cols) = (hp.min(h + ph), w.min(wp.saturating_sub(pw)));
         for ci in 0..self.c_in {
             let src = &x_n[ci * h * w..(ci + 1) * h * w];
@@ -132,12 +133,12 @@ impl Wide {
         }
     }
 
-    /// Spreads one sample's output gradient `[c_out, oh, ow]` into the wide layout (zeros in the
-    /// extra columns, the tail and the padding channels).
+    /// Spreads one sample's output gradient `[c_out, oh, ow]` into the wide layout. Like
+    /// [`Wide::pad_input`], writes only the values: the extra columns, the tail and the padding
+    /// channels of `buf` must already be zero.
     fn widen(&self, dy_n: &[f32], c_out: usize, buf: &mut [f32]) {
         let [oh, ow] = self.output;
         let wp = self.padded[1];
-        buf.fill(0.0);
         for co in 0..c_out {
             for oy in 0..oh {
                 let src = &dy_n[(co * oh + oy) * ow..][..ow];
