@@ -2,8 +2,7 @@
 
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::decay::WeightDecayConfig;
-use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
+use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use fl_data::{Dataset, Normalization};
 use rand::seq::SliceRandom;
@@ -19,12 +18,14 @@ mod pfedme;
 mod prototypes;
 mod public;
 mod sam;
+mod sgd;
 pub use bayes::BayesStep;
 pub use meta::{LocalProcedure, MetaStep, combine, hessian_vector_product};
 pub use pfedme::MoreauStep;
 pub use prototypes::Prototypes;
 pub use public::{PublicPhase, PublicTarget, cross_correlation_loss};
 pub use sam::SharpnessAware;
+pub use sgd::{FusedSgd, SgdVelocity};
 
 /// Hyper-parameters of local training.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -320,21 +321,16 @@ pub fn train_local<M: Classifier>(
     })
 }
 
-/// The run's local optimiser (SGD with momentum, dampening 0 as PyTorch, or Adam), fresh.
+/// The run's local optimiser (SGD with momentum, dampening 0 as PyTorch, or Adam), fresh. SGD
+/// is [`FusedSgd`]: Burn's `Sgd` bit for bit, in one parallel pass per parameter.
 fn local_optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
-    let decay = (cfg.weight_decay > 0.0).then(|| WeightDecayConfig::new(cfg.weight_decay as f32));
     match cfg.optimizer {
-        LocalOptimizer::Sgd => SgdConfig::new()
-            .with_momentum((cfg.momentum > 0.0).then(|| {
-                MomentumConfig::new()
-                    .with_momentum(cfg.momentum)
-                    .with_dampening(0.0)
-            }))
-            .with_weight_decay(decay)
-            .init(),
+        LocalOptimizer::Sgd => FusedSgd::new(cfg.momentum, 0.0, false, cfg.weight_decay).into(),
         LocalOptimizer::Adam => AdamConfig::new()
             .with_epsilon(1e-8)
-            .with_weight_decay(decay)
+            .with_weight_decay(
+                (cfg.weight_decay > 0.0).then(|| WeightDecayConfig::new(cfg.weight_decay as f32)),
+            )
             .init(),
     }
 }
@@ -519,7 +515,7 @@ pub fn fine_tune<M: Classifier>(
         let mut model = task.start.load_into(task.template)?;
         let device = model_device(&model);
         let loss_fn = CrossEntropyLossConfig::new().init(&device);
-        let mut optim = SgdConfig::new().init();
+        let mut optim: ModuleOptimizer = FusedSgd::new(0.0, 0.0, false, 0.0).into();
         let mut rng = rng_for(task.seed, Purpose::FineTune, round, client);
         let mut order = task.indices.to_vec();
         let mut done = 0;
