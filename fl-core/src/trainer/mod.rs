@@ -25,7 +25,7 @@ pub use pfedme::MoreauStep;
 pub use prototypes::Prototypes;
 pub use public::{PublicPhase, PublicTarget, cross_correlation_loss};
 pub use sam::SharpnessAware;
-pub use sgd::{FusedSgd, SgdVelocity};
+pub use sgd::{FusedSgd, SgdVelocity, fused_sgd, set_fused_sgd};
 
 /// Hyper-parameters of local training.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -10,10 +10,26 @@
 use burn::optim::{LearningRate, Optimizer, StateSink, StateSource};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Elements per task on the thread pool: large enough that small parameters (biases, BatchNorm)
 /// run in one piece on the calling thread.
 const CHUNK: usize = 1 << 15;
+
+/// Whether [`FusedSgd`] takes its one-pass path (on by default).
+static FUSED: AtomicBool = AtomicBool::new(true);
+
+/// Turns [`FusedSgd`]'s one-pass path on or off for the whole process (off, it runs Burn's
+/// sequence of tensor ops): for A/B timing (`fl bench --burn-kernels=sgd`); results are the
+/// same either way.
+pub fn set_fused_sgd(enabled: bool) {
+    FUSED.store(enabled, Ordering::Relaxed);
+}
+
+/// Whether [`FusedSgd`]'s one-pass path is on (see [`set_fused_sgd`]).
+pub fn fused_sgd() -> bool {
+    FUSED.load(Ordering::Relaxed)
+}
 
 /// SGD with optional momentum (dampening, Nesterov) and L2 weight decay, as Burn's
 /// `SgdConfig` builds it: `g ← g + λ·w`; `v ← (1 − d)·g + μ·v` (`v ← g` on the first step);
@@ -171,7 +187,8 @@ impl Optimizer for FusedSgd {
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
         let velocity = state.and_then(|s| s.0);
-        let fused = on_host(&tensor)
+        let fused = fused_sgd()
+            && on_host(&tensor)
             && on_host(&grad)
             && velocity.as_ref().is_none_or(on_host)
             && tensor.shape() == grad.shape();

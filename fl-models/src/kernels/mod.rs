@@ -61,17 +61,21 @@ pub enum Kernel {
     Activation,
     /// Fully connected layers (bitwise Burn's; only the output copy of flex's product is gone).
     Linear,
+    /// The local SGD step, [`fl_core::trainer::FusedSgd`]'s one parallel pass per parameter
+    /// (bitwise Burn's `Sgd`).
+    Sgd,
 }
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 6] = [
+    pub const ALL: [Kernel; 7] = [
         Kernel::Conv,
         Kernel::Depthwise,
         Kernel::MaxPool,
         Kernel::BatchNorm,
         Kernel::Activation,
         Kernel::Linear,
+        Kernel::Sgd,
     ];
 
     /// The name `fl bench --burn-kernels` takes.
@@ -83,6 +87,7 @@ impl Kernel {
             Kernel::BatchNorm => "batch-norm",
             Kernel::Activation => "activation",
             Kernel::Linear => "linear",
+            Kernel::Sgd => "sgd",
         }
     }
 
@@ -118,10 +123,14 @@ static ENABLED: AtomicU8 = AtomicU8::new(u8::MAX);
 /// floating-point summation order (and ReLU6's gradient at exactly 0 and 6).
 pub fn set_enabled(enabled: bool) {
     ENABLED.store(if enabled { u8::MAX } else { 0 }, Ordering::Relaxed);
+    fl_core::trainer::set_fused_sgd(enabled);
 }
 
 /// Turns one kernel family on or off for the whole process (see [`set_enabled`]).
 pub fn set_kernel_enabled(kernel: Kernel, enabled: bool) {
+    if kernel == Kernel::Sgd {
+        fl_core::trainer::set_fused_sgd(enabled);
+    }
     if enabled {
         ENABLED.fetch_or(kernel.bit(), Ordering::Relaxed);
     } else {
@@ -131,7 +140,11 @@ pub fn set_kernel_enabled(kernel: Kernel, enabled: bool) {
 
 /// Whether `kernel` is on; always `false` without the `flex` feature.
 pub fn kernel_enabled(kernel: Kernel) -> bool {
-    cfg!(feature = "flex") && ENABLED.load(Ordering::Relaxed) & kernel.bit() != 0
+    let on = match kernel {
+        Kernel::Sgd => fl_core::trainer::fused_sgd(),
+        _ => ENABLED.load(Ordering::Relaxed) & kernel.bit() != 0,
+    };
+    cfg!(feature = "flex") && on
 }
 
 /// Whether every kernel is on (see [`set_enabled`]); always `false` without the `flex` feature.
