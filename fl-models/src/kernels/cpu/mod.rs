@@ -656,9 +656,19 @@ where
         .collect();
     let mut parts = partials.into_iter();
     let (mut dw, mut db) = parts.next().expect("at least one chunk");
-    for (pw, pb) in parts {
-        dw.iter_mut().zip(&pw).for_each(|(a, b)| *a += b);
-        db.iter_mut().zip(&pb).for_each(|(a, b)| *a += b);
+    let rest: Vec<(Vec<f32>, Vec<f32>)> = parts.collect();
+    // Each element still adds the partials in chunk order; only the element ranges are split
+    // across threads (VGG-16's 2.4M-float weight gradients made this serial pass 4% of a step).
+    dw.par_chunks_mut(FILL_CHUNK)
+        .enumerate()
+        .for_each(|(i, out)| {
+            for (pw, _) in &rest {
+                let part = &pw[i * FILL_CHUNK..][..out.len()];
+                out.iter_mut().zip(part).for_each(|(a, b)| *a += b);
+            }
+        });
+    for (_, pb) in &rest {
+        db.iter_mut().zip(pb).for_each(|(a, b)| *a += b);
     }
     (dw, db)
 }
@@ -669,14 +679,14 @@ fn im2col_conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<
     if !g.transposed_weight_grad() {
         return (dw_t, db);
     }
-    // Back from [rows, c_out] to the weight's [c_out, rows].
+    // Back from [rows, c_out] to the weight's [c_out, rows], one output channel per task.
     let rows = g.col_rows();
-    let mut dw = vec![0.0f32; g.weight_len()];
-    for (r, grads) in dw_t.chunks_exact(g.c_out).enumerate() {
-        for (o, v) in grads.iter().enumerate() {
-            dw[o * rows + r] = *v;
+    let mut dw = par_zeroed(g.weight_len());
+    dw.par_chunks_mut(rows).enumerate().for_each(|(o, dw_o)| {
+        for (r, v) in dw_o.iter_mut().enumerate() {
+            *v = dw_t[r * g.c_out + o];
         }
-    }
+    });
     (dw, db)
 }
 
