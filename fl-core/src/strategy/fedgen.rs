@@ -29,8 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use burn::module::Module;
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig};
-use burn::optim::decay::WeightDecayConfig;
-use burn::optim::{AdamConfig, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::activation::{log_softmax, relu, softmax};
 use burn::tensor::{Device, Tensor, TensorData};
 use rand::Rng;
@@ -42,7 +41,7 @@ use super::fedavg_with::{ClientRule, FedAvgWith};
 use super::{Metrics, StrategyError, StrategyState};
 use crate::layers::{LayerError, ParamTable};
 use crate::rng::{Purpose, rng_for};
-use crate::trainer::{BatchContext, LocalObjective, LocalUpdate};
+use crate::trainer::{BatchContext, FusedAdam, LocalObjective, LocalUpdate};
 
 /// The distribution of the generator's noise input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -297,13 +296,7 @@ impl FedGenRule {
         }
         let mut generator = self.generator.take().ok_or(StrategyError::NotInitialised)?;
         let device = heads[0].0.device().autodiff();
-        let mut optim = AdamConfig::new()
-            .with_epsilon(1e-8)
-            .with_weight_decay(
-                (self.config.weight_decay > 0.0)
-                    .then(|| WeightDecayConfig::new(self.config.weight_decay as f32)),
-            )
-            .init();
+        let mut optim = FusedAdam::pytorch(self.config.weight_decay).init();
         let b = self.config.batch_size;
         let (mut teacher_sum, mut diversity_sum) = (0.0, 0.0);
         for _ in 0..self.config.steps {

@@ -15,14 +15,14 @@
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{GradientsParams, SgdConfig};
+use burn::optim::GradientsParams;
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use super::StrategyError;
 use crate::layers::ParamTable;
-use crate::trainer::{LocalObjective, Prototypes};
+use crate::trainer::{FusedSgd, LocalObjective, Prototypes};
 
 /// FedGH's server settings.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -154,7 +154,7 @@ pub fn train_header(
     let device = header.device().autodiff();
     let mut linear: Linear = header.load_into(LinearConfig::new(width, classes).init(&device))?;
     let ce = CrossEntropyLossConfig::new().init(&device);
-    let mut optim = SgdConfig::new().init();
+    let mut optim = FusedSgd::plain().init();
     let mut order: Vec<usize> = (0..pairs.len()).collect();
     for _ in 0..cfg.server_epochs {
         order.shuffle(rng);

@@ -14,7 +14,7 @@
 //! pFedClub's per-client machinery (`--variant fedkemf`); clients are evaluated with their
 //! personal models.
 
-use burn::optim::{AdamConfig, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use burn::tensor::activation::{log_softmax, softmax};
 use rand::Rng;
@@ -26,7 +26,7 @@ use super::pfedclub::PublicData;
 use crate::layers::ParamTable;
 use crate::model::Classifier;
 use crate::rng::with_forward_stream;
-use crate::trainer::make_batch;
+use crate::trainer::{FusedAdam, make_batch};
 
 /// FedKEMF's server settings.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -124,7 +124,7 @@ pub fn fuse<M: Classifier>(
         .collect::<Result<_, StrategyError>>()?;
     let mut student = average.load_into(template)?;
     let device = student.devices().into_iter().next().expect("a device");
-    let mut optim = AdamConfig::new().with_epsilon(1e-8).init();
+    let mut optim = FusedAdam::pytorch(0.0).init();
     let mut order = public.samples.to_vec();
     // The student's dropout draws from a stream of its own: the server's thread is any of the
     // pool's, and an unseeded stream would depend on which.

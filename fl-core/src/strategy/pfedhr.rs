@@ -23,7 +23,7 @@
 //! candidates not built around the client's own model. Where the authors' code differs from the
 //! paper, README's "Algorithm notes" says which one this follows.
 
-use burn::optim::{AdamConfig, GradientsParams};
+use burn::optim::GradientsParams;
 use fl_data::{Dataset, Normalization};
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -33,6 +33,7 @@ use super::pfedclub::grouping::cka;
 use super::pfedclub::stitch::{StitchTraining, Stitches, public_loss};
 use crate::model::BlockForward;
 use crate::rng::with_forward_stream;
+use crate::trainer::FusedAdam;
 
 /// pFedHR's own settings (the rest are shared with pFedClub: groups K, pool size, stitch
 /// training, λ).
@@ -318,7 +319,7 @@ pub fn tune_candidate<M: BlockForward, R: Rng>(
     cfg: &StitchTraining,
     rng: &mut R,
 ) -> (Vec<M>, Stitches) {
-    let adam = || AdamConfig::new().with_epsilon(1e-8);
+    let adam = || FusedAdam::pytorch(0.0);
     let mut model_optims: Vec<_> = models.iter().map(|_| adam().init()).collect();
     let mut stitch_optim = adam().init();
     let mut order = public.to_vec();

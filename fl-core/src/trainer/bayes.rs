@@ -12,11 +12,13 @@
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
+use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Tensor};
 use rand::seq::SliceRandom;
 
-use super::{LocalTask, LocalUpdate, TrainConfig, TrainError, epoch_sum, make_batch, model_device};
+use super::{
+    FusedAdam, LocalTask, LocalUpdate, TrainConfig, TrainError, epoch_sum, make_batch, model_device,
+};
 use crate::bayes::{Posterior, sigma_of, standard_normal};
 use crate::layers::{ParamKind, ParamTable};
 use crate::model::Classifier;
@@ -214,8 +216,8 @@ pub(super) fn train<M: Classifier>(
     let mut v = Variational::new(&global, &device);
     // BatchNorm statistics come from the sampled models' forward passes.
     let mut buffers = personal.mean.clone();
-    let mut adam_q = AdamConfig::new().with_epsilon(1e-8).init();
-    let mut adam_v = AdamConfig::new().with_epsilon(1e-8).init();
+    let mut adam_q = FusedAdam::pytorch(0.0).init();
+    let mut adam_v = FusedAdam::pytorch(0.0).init();
     let kl_weight = step.zeta / task.indices.len() as f64;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let (round, client) = (task.round as u64, task.client as u64);

@@ -13,10 +13,10 @@
 //! NaN losses, δ = 1e-2 trained well: the CLI's default is 1e-2.
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::{GradientsParams, SgdConfig};
+use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 
-use super::TrainError;
+use super::{FusedSgd, TrainError};
 
 /// How a client takes its local steps.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -91,7 +91,7 @@ impl MetaStep {
 /// `model − lr · grads`, a stateless SGD step (parameter ids are kept, so gradients taken at the
 /// result apply to `model`).
 fn descend<M: Module + Clone>(model: &M, grads: GradientsParams, lr: f64) -> M {
-    SgdConfig::new().init().step(lr, model.clone(), grads)
+    FusedSgd::plain().init().step(lr, model.clone(), grads)
 }
 
 /// `∇²f(w) v ≈ (∇f(w + δv) − ∇f(w − δv)) / 2δ`, `loss(m)` giving `f` at the parameters of `m`.

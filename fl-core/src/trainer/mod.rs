@@ -1,8 +1,7 @@
 //! Local training of one client: SGD with cross-entropy over the client's samples.
 
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
-use burn::optim::decay::WeightDecayConfig;
-use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
+use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use fl_data::{Dataset, Normalization};
 use rand::seq::SliceRandom;
@@ -14,18 +13,20 @@ use crate::rng::{Purpose, derive_seed, rng_for, with_forward_stream};
 mod bayes;
 mod meta;
 mod mutual;
+mod optim;
 mod pfedme;
 mod prototypes;
 mod public;
 mod sam;
-mod sgd;
 pub use bayes::BayesStep;
 pub use meta::{LocalProcedure, MetaStep, combine, hessian_vector_product};
+pub use optim::{
+    AdamMoments, FusedAdam, FusedSgd, SgdVelocity, fused_optimizers, set_fused_optimizers,
+};
 pub use pfedme::MoreauStep;
 pub use prototypes::Prototypes;
 pub use public::{PublicPhase, PublicTarget, cross_correlation_loss};
 pub use sam::SharpnessAware;
-pub use sgd::{FusedSgd, SgdVelocity, fused_sgd, set_fused_sgd};
 
 /// Hyper-parameters of local training.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -321,17 +322,13 @@ pub fn train_local<M: Classifier>(
     })
 }
 
-/// The run's local optimiser (SGD with momentum, dampening 0 as PyTorch, or Adam), fresh. SGD
-/// is [`FusedSgd`]: Burn's `Sgd` bit for bit, in one parallel pass per parameter.
+/// The run's local optimiser (SGD with momentum, dampening 0 as PyTorch, or Adam), fresh: Burn's
+/// `Sgd` / `Adam` bit for bit, each step one parallel pass per parameter ([`FusedSgd`],
+/// [`FusedAdam`]).
 fn local_optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
     match cfg.optimizer {
-        LocalOptimizer::Sgd => FusedSgd::new(cfg.momentum, 0.0, false, cfg.weight_decay).into(),
-        LocalOptimizer::Adam => AdamConfig::new()
-            .with_epsilon(1e-8)
-            .with_weight_decay(
-                (cfg.weight_decay > 0.0).then(|| WeightDecayConfig::new(cfg.weight_decay as f32)),
-            )
-            .init(),
+        LocalOptimizer::Sgd => FusedSgd::new(cfg.momentum, 0.0, false, cfg.weight_decay).init(),
+        LocalOptimizer::Adam => FusedAdam::pytorch(cfg.weight_decay).init(),
     }
 }
 
@@ -515,7 +512,7 @@ pub fn fine_tune<M: Classifier>(
         let mut model = task.start.load_into(task.template)?;
         let device = model_device(&model);
         let loss_fn = CrossEntropyLossConfig::new().init(&device);
-        let mut optim: ModuleOptimizer = FusedSgd::new(0.0, 0.0, false, 0.0).into();
+        let mut optim = FusedSgd::plain().init();
         let mut rng = rng_for(task.seed, Purpose::FineTune, round, client);
         let mut order = task.indices.to_vec();
         let mut done = 0;

@@ -4,10 +4,10 @@
 //! `w ← w − ηλ(w − θ)` (η: the run's `--lr`). θ lives for the client's whole round, as in the
 //! authors' code; the server then mixes the uploads into the global model with β.
 
-use burn::optim::{GradientsParams, SgdConfig};
+use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 
-use super::TrainError;
+use super::{FusedSgd, TrainError};
 use crate::layers::ParamTable;
 use crate::model::Classifier;
 
@@ -48,7 +48,7 @@ impl MoreauStep {
         w: &ParamTable,
         loss: &dyn Fn(&M) -> Result<Tensor<1>, TrainError>,
     ) -> Result<(M, Tensor<1>), TrainError> {
-        let mut sgd = SgdConfig::new().init();
+        let mut sgd = FusedSgd::plain().init();
         let mut last = None;
         for _ in 0..self.inner_steps {
             let f = loss(&theta)?;

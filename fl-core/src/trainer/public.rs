@@ -2,12 +2,12 @@
 //! on the labeled public set and its digest of the consensus scores).
 
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{AdamConfig, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
 use fl_data::{Dataset, Normalization};
 use rand::seq::SliceRandom;
 
-use super::{TrainError, epoch_sum, make_batch, model_device};
+use super::{FusedAdam, TrainError, epoch_sum, make_batch, model_device};
 use crate::model::Classifier;
 use crate::rng::{Purpose, rng_for};
 
@@ -125,7 +125,7 @@ pub fn train<M: Classifier>(
     }
     let device = model_device(&model);
     let classes = data.num_classes();
-    let mut optim = AdamConfig::new().with_epsilon(1e-8).init();
+    let mut optim = FusedAdam::pytorch(0.0).init();
     let ce = CrossEntropyLossConfig::new().init(&device);
     let mut rng = rng_for(seed, Purpose::Public, round as u64, client as u64);
     // Positions into `samples`, so that score rows follow their samples through the shuffle.

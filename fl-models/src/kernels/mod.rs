@@ -61,9 +61,9 @@ pub enum Kernel {
     Activation,
     /// Fully connected layers (bitwise Burn's; only the output copy of flex's product is gone).
     Linear,
-    /// The local SGD step, [`fl_core::trainer::FusedSgd`]'s one parallel pass per parameter
-    /// (bitwise Burn's `Sgd`).
-    Sgd,
+    /// The optimiser step: [`fl_core::trainer::FusedSgd`]'s and [`fl_core::trainer::FusedAdam`]'s
+    /// one parallel pass per parameter (bitwise Burn's `Sgd` and `Adam`).
+    Optimizer,
 }
 
 impl Kernel {
@@ -75,7 +75,7 @@ impl Kernel {
         Kernel::BatchNorm,
         Kernel::Activation,
         Kernel::Linear,
-        Kernel::Sgd,
+        Kernel::Optimizer,
     ];
 
     /// The name `fl bench --burn-kernels` takes.
@@ -87,7 +87,7 @@ impl Kernel {
             Kernel::BatchNorm => "batch-norm",
             Kernel::Activation => "activation",
             Kernel::Linear => "linear",
-            Kernel::Sgd => "sgd",
+            Kernel::Optimizer => "optimizer",
         }
     }
 
@@ -123,13 +123,13 @@ static ENABLED: AtomicU8 = AtomicU8::new(u8::MAX);
 /// floating-point summation order (and ReLU6's gradient at exactly 0 and 6).
 pub fn set_enabled(enabled: bool) {
     ENABLED.store(if enabled { u8::MAX } else { 0 }, Ordering::Relaxed);
-    fl_core::trainer::set_fused_sgd(enabled);
+    fl_core::trainer::set_fused_optimizers(enabled);
 }
 
 /// Turns one kernel family on or off for the whole process (see [`set_enabled`]).
 pub fn set_kernel_enabled(kernel: Kernel, enabled: bool) {
-    if kernel == Kernel::Sgd {
-        fl_core::trainer::set_fused_sgd(enabled);
+    if kernel == Kernel::Optimizer {
+        fl_core::trainer::set_fused_optimizers(enabled);
     }
     if enabled {
         ENABLED.fetch_or(kernel.bit(), Ordering::Relaxed);
@@ -141,7 +141,7 @@ pub fn set_kernel_enabled(kernel: Kernel, enabled: bool) {
 /// Whether `kernel` is on; always `false` without the `flex` feature.
 pub fn kernel_enabled(kernel: Kernel) -> bool {
     let on = match kernel {
-        Kernel::Sgd => fl_core::trainer::fused_sgd(),
+        Kernel::Optimizer => fl_core::trainer::fused_optimizers(),
         _ => ENABLED.load(Ordering::Relaxed) & kernel.bit() != 0,
     };
     cfg!(feature = "flex") && on

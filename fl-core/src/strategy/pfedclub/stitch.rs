@@ -5,7 +5,7 @@
 use burn::module::{Module, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{AdamConfig, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::activation::{log_softmax, relu, softmax};
 use burn::tensor::module::{adaptive_avg_pool2d, interpolate};
 use burn::tensor::ops::{InterpolateMode, InterpolateOptions};
@@ -17,7 +17,7 @@ use rand::seq::SliceRandom;
 use super::cmsr::BlockRef;
 use crate::layers::BlockSpec;
 use crate::model::{BlockForward, Features};
-use crate::trainer::{BatchContext, LocalObjective, make_batch};
+use crate::trainer::{BatchContext, FusedAdam, LocalObjective, make_batch};
 
 /// A stitching layer `ReLU(Wᵀx + b)` that maps one block's output shape to the next block's
 /// input shape.
@@ -321,7 +321,7 @@ pub fn fit_stitches<M: BlockForward, R: Rng>(
     if stitches.is_empty() || public.is_empty() {
         return stitches;
     }
-    let mut optim = AdamConfig::new().with_epsilon(1e-8).init();
+    let mut optim = FusedAdam::pytorch(0.0).init();
     let mut order = public.to_vec();
     for _ in 0..cfg.epochs {
         order.shuffle(rng);

@@ -1,35 +1,10 @@
-//! Local SGD as one parallel pass per parameter on CPU tensors, bit for bit Burn's `Sgd`.
-//!
-//! Burn's `Sgd` with momentum and weight decay runs four to six elementwise tensor ops per
-//! parameter, each a separate single-threaded pass over memory on the flex backend (10–15% of a
-//! two-thread training step of the FC-heavy models: VGG-16, CNN1–CNN4, the FedAvg CNN). This
-//! optimiser computes the same expressions, in the same order and the same `f32` roundings (no
-//! fused multiply-adds), in one pass over the weight, gradient and velocity on the thread pool.
-//! Other backends and dtypes run the same expressions as tensor ops (Burn's own sequence).
+//! SGD (momentum, dampening, Nesterov, weight decay) in one pass, bit for bit Burn's `Sgd`.
 
 use burn::optim::{LearningRate, Optimizer, StateSink, StateSource};
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Elements per task on the thread pool: large enough that small parameters (biases, BatchNorm)
-/// run in one piece on the calling thread.
-const CHUNK: usize = 1 << 15;
-
-/// Whether [`FusedSgd`] takes its one-pass path (on by default).
-static FUSED: AtomicBool = AtomicBool::new(true);
-
-/// Turns [`FusedSgd`]'s one-pass path on or off for the whole process (off, it runs Burn's
-/// sequence of tensor ops): for A/B timing (`fl bench --burn-kernels=sgd`); results are the
-/// same either way.
-pub fn set_fused_sgd(enabled: bool) {
-    FUSED.store(enabled, Ordering::Relaxed);
-}
-
-/// Whether [`FusedSgd`]'s one-pass path is on (see [`set_fused_sgd`]).
-pub fn fused_sgd() -> bool {
-    FUSED.load(Ordering::Relaxed)
-}
+use super::{CHUNK, fused, host_values, load};
 
 /// SGD with optional momentum (dampening, Nesterov) and L2 weight decay, as Burn's
 /// `SgdConfig` builds it: `g ← g + λ·w`; `v ← (1 − d)·g + μ·v` (`v ← g` on the first step);
@@ -55,6 +30,16 @@ impl FusedSgd {
             )),
             penalty: (weight_decay > 0.0).then_some(weight_decay as f32),
         }
+    }
+
+    /// Plain SGD: `w ← w − lr·g`.
+    pub fn plain() -> Self {
+        Self::new(0.0, 0.0, false, 0.0)
+    }
+
+    /// The optimiser over a whole module.
+    pub fn init(self) -> burn::optim::ModuleOptimizer {
+        self.into()
     }
 
     /// One element's step: the new weight and, with momentum, the new velocity.
@@ -138,27 +123,6 @@ impl FusedSgd {
     }
 }
 
-/// Whether the fused pass handles a tensor: `f32` in host memory (the flex backend).
-fn on_host<const D: usize>(t: &Tensor<D>) -> bool {
-    #[cfg(feature = "flex")]
-    {
-        use burn::backend::DispatchDevice;
-        t.dtype() == DType::F32
-            && matches!(t.device().inner().as_dispatch(), DispatchDevice::Flex(_))
-    }
-    #[cfg(not(feature = "flex"))]
-    {
-        let _ = t;
-        false
-    }
-}
-
-/// The values of a tensor in host memory, moved out when nothing else holds them.
-fn host_values(data: &mut TensorData) -> &mut [f32] {
-    data.as_mut_slice::<f32>()
-        .expect("fused SGD: f32 tensors in host memory (checked by `on_host`)")
-}
-
 /// [`FusedSgd`]'s state of one parameter: the momentum velocity, if any.
 #[derive(Clone)]
 pub struct SgdVelocity<const D: usize>(Option<Tensor<D>>);
@@ -187,12 +151,7 @@ impl Optimizer for FusedSgd {
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
         let velocity = state.and_then(|s| s.0);
-        let fused = fused_sgd()
-            && on_host(&tensor)
-            && on_host(&grad)
-            && velocity.as_ref().is_none_or(on_host)
-            && tensor.shape() == grad.shape();
-        if !fused {
+        if !fused(&tensor, &[Some(&grad), velocity.as_ref()]) {
             let (w, v) = self.step_tensors(lr, tensor, grad, velocity);
             return (w, Some(SgdVelocity(v)));
         }
@@ -210,8 +169,8 @@ impl Optimizer for FusedSgd {
             (Some(_), Some(v)) => Some(v),
             (Some(_), None) => Some(g),
         };
-        let load = |data: TensorData| Tensor::from_data(data, (&device, DType::F32));
-        (load(w), Some(SgdVelocity(velocity.map(load))))
+        let velocity = velocity.map(|v| load(v, &device));
+        (load(w, &device), Some(SgdVelocity(velocity)))
     }
 
     fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
