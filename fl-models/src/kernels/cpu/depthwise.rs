@@ -5,9 +5,13 @@
 //! `sh × sw` phases (phase `(ry, rx)` holds padded pixels `(i·sh + ry, j·sw + rx)`), each phase
 //! `width` columns wide. Output `(oy, ox)` then reads, through kernel tap `(ky, kx)`, entry
 //! `oy·width + ox + offset(ky, kx)` of phase `(ky mod sh, kx mod sw)`: laid out "wide" (output
-//! rows `width` long, the few extra columns computed and dropped), every tap is one contiguous
-//! multiply-add over the whole plane, which the compiler vectorises. The forward pass and the
-//! input gradient run one plane per task; the weight gradient one channel per task, with
+//! rows `width` long, the few extra columns computed and dropped), every tap reads one
+//! contiguous run for the whole plane. The forward pass sums all taps of a block of 32 outputs
+//! in vector registers and stores it once; the input gradient does the same per phase entry
+//! (a gather over the taps that reach it, not a scatter tap by tap); the weight gradient sweeps
+//! the plane for three taps at a time, sharing each load of the output gradient. Every sum runs
+//! in tap order from zero (tests pin it against a plain loop, bit for bit). The forward pass and
+//! the input gradient run one plane per task; the weight gradient one channel per task, with
 //! fixed-width partial sums over all samples, so no result depends on the thread count or on
 //! the vector width.
 
@@ -18,6 +22,10 @@ use super::Conv2dGeometry;
 /// Partial sums per weight-gradient tap (a fixed count, so every tier adds in the same order).
 const LANES: usize = 32;
 
+/// Outputs per register block of the forward pass and the input gradient: two AVX-512 vectors
+/// of sums, kept in registers over all the taps.
+const BLOCK: usize = 32;
+
 /// A plane's zero-padded copy split into stride phases, plus the wide output buffer.
 struct Phased {
     /// Row and column strides (`sh × sw` phases).
@@ -25,9 +33,18 @@ struct Phased {
     /// Rows and columns per phase.
     rows: usize,
     width: usize,
+    /// The phases, then [`BLOCK`] spare floats (a block's reads may run past the last phase).
     data: Vec<f32>,
     /// One output plane laid out wide (`oh × width`).
     wide: Vec<f32>,
+    /// `tap_offset` of every tap, in weight order.
+    offsets: Vec<usize>,
+    /// Per phase, its taps `(k, offset of the tap within the phase)` in ascending `k`.
+    phase_taps: Vec<Vec<(usize, usize)>>,
+    /// The input gradient's view of the output gradient: `front` zeros, the wide plane, zeros
+    /// to cover every block read of every phase row.
+    grad: Vec<f32>,
+    front: usize,
 }
 
 impl Phased {
@@ -38,14 +55,26 @@ impl Phased {
         // Enough rows and columns for every output: `(o − 1)·s + k` padded, split in phases.
         let rows = ((oh - 1) * sh + kh).div_ceil(sh);
         let width = ((ow - 1) * sw + kw).div_ceil(sw);
-        Self {
+        let mut phased = Self {
             strides: [sh, sw],
             rows,
             width,
             // One spare row per phase: the last taps' wide runs reach past the last row.
-            data: vec![0.0; sh * sw * (rows + 1) * width],
+            data: vec![0.0; sh * sw * (rows + 1) * width + BLOCK],
             wide: vec![0.0; oh * width],
+            offsets: Vec::with_capacity(kh * kw),
+            phase_taps: vec![Vec::new(); sh * sw],
+            grad: Vec::new(),
+            front: ((kh - 1) / sh) * width + (kw - 1) / sw,
+        };
+        for k in 0..kh * kw {
+            let (ky, kx) = (k / kw, k % kw);
+            phased.offsets.push(phased.tap_offset(ky, kx));
+            let within = (ky / sh) * width + kx / sw;
+            phased.phase_taps[(ky % sh) * sw + kx % sw].push((k, within));
         }
+        phased.grad = vec![0.0; phased.front + rows * width + BLOCK];
+        phased
     }
 
     fn phase_len(&self) -> usize {
@@ -176,19 +205,23 @@ fn forward_plane_generic(
     buf: &mut Phased,
     y: &mut [f32],
 ) {
-    let [kh, kw] = g.kernel;
     let ow = g.output[1];
     buf.load(g, x);
     let len = buf.wide.len();
-    buf.wide.fill(0.0);
-    for ky in 0..kh {
-        for kx in 0..kw {
-            let weight = w[ky * kw + kx];
-            let input = &buf.data[buf.tap_offset(ky, kx)..][..len];
-            for (o, v) in buf.wide.iter_mut().zip(input) {
-                *o += weight * v;
+    // Each block of outputs sums its taps in registers, in tap order from zero (the order the
+    // tests pin down), and is stored once.
+    for start in (0..len).step_by(BLOCK) {
+        let mut acc = [0.0f32; BLOCK];
+        for (&weight, &offset) in w.iter().zip(&buf.offsets) {
+            let input: &[f32; BLOCK] = buf.data[offset + start..][..BLOCK]
+                .try_into()
+                .expect("a full block");
+            for l in 0..BLOCK {
+                acc[l] += weight * input[l];
             }
         }
+        let n = BLOCK.min(len - start);
+        buf.wide[start..start + n].copy_from_slice(&acc[..n]);
     }
     for (dst, src) in y.chunks_exact_mut(ow).zip(buf.wide.chunks_exact(buf.width)) {
         dst.copy_from_slice(&src[..ow]);
@@ -234,17 +267,35 @@ fn input_grad_plane_generic(
     buf: &mut Phased,
     dx: &mut [f32],
 ) {
-    let [kh, kw] = g.kernel;
-    widen(buf, g.output[1], dy);
-    buf.data.fill(0.0);
-    let len = buf.wide.len();
-    for ky in 0..kh {
-        for kx in 0..kw {
-            let weight = w[ky * kw + kx];
-            let offset = buf.tap_offset(ky, kx);
-            for (d, v) in buf.data[offset..][..len].iter_mut().zip(&buf.wide) {
-                *d += weight * v;
+    let ow = g.output[1];
+    let (width, front) = (buf.width, buf.front);
+    // The output gradient laid out wide after `front` zeros (its extra columns and the tail
+    // stay zero from the buffer's creation).
+    for (dst, src) in buf.grad[front..]
+        .chunks_exact_mut(width)
+        .zip(dy.chunks_exact(ow))
+    {
+        dst[..ow].copy_from_slice(src);
+    }
+    // Gathered rather than scattered: each padded-input entry sums, in registers, what every
+    // tap of its phase brings it, in tap order from zero, as the tests pin down. Entries the
+    // phase's row count leaves out are never read by `store`.
+    let (phase_len, n) = (buf.phase_len(), buf.rows * width);
+    for (phase, taps) in buf.phase_taps.iter().enumerate() {
+        let data = &mut buf.data[phase * phase_len..][..n];
+        for start in (0..n).step_by(BLOCK) {
+            let mut acc = [0.0f32; BLOCK];
+            for &(k, within) in taps {
+                let weight = w[k];
+                let grad: &[f32; BLOCK] = buf.grad[front + start - within..][..BLOCK]
+                    .try_into()
+                    .expect("a full block");
+                for l in 0..BLOCK {
+                    acc[l] += weight * grad[l];
+                }
             }
+            let m = BLOCK.min(n - start);
+            data[start..start + m].copy_from_slice(&acc[..m]);
         }
     }
     buf.store(g, dx);
@@ -283,27 +334,63 @@ fn weight_grad_channel_generic(
             g.output[1],
             &dy[plane * out_plane..(plane + 1) * out_plane],
         );
-        for ky in 0..kh {
-            for kx in 0..kw {
-                // In registers while the plane is swept (a store per step would not vectorise).
-                let mut acc = lanes[ky * kw + kx];
-                let input = &buf.data[buf.tap_offset(ky, kx)..][..len];
-                let (grad, rest) = buf.wide.split_at(len - len % LANES);
-                for (d, v) in grad.chunks_exact(LANES).zip(input.chunks_exact(LANES)) {
-                    let d: &[f32; LANES] = d.try_into().expect("a full chunk");
-                    let v: &[f32; LANES] = v.try_into().expect("a full chunk");
-                    for l in 0..LANES {
-                        acc[l] += d[l] * v[l];
-                    }
-                }
-                for (l, (d, v)) in rest.iter().zip(&input[grad.len()..]).enumerate() {
-                    acc[l] += d * v;
-                }
-                lanes[ky * kw + kx] = acc;
-            }
+        // Taps in groups that share each load of the output gradient, their partial sums in
+        // registers while the plane is swept.
+        let mut k = 0;
+        while k < kh * kw {
+            let (offsets, lanes) = (&buf.offsets[k..], &mut lanes[k..]);
+            let (data, grad) = (&buf.data[..], &buf.wide[..len]);
+            k += match kh * kw - k {
+                3.. => sweep_3_taps(grad, data, offsets, lanes),
+                2 => sweep_2_taps(grad, data, offsets, lanes),
+                _ => sweep_1_tap(grad, data, offsets, lanes),
+            };
         }
     }
     for (dw, acc) in dw.iter_mut().zip(&lanes) {
         *dw = super::sum(acc);
     }
 }
+
+/// `fn $name(grad, data, offsets, lanes) -> taps`: adds one sample's `Σ_p grad[p] ·
+/// data[offset + p]` for as many taps as indices are listed onto their [`LANES`] partial sums
+/// (lane `p mod LANES`, in order of `p`), sharing each load of `grad`. The sums are a tuple of
+/// arrays, which the compiler keeps in vector registers (an array of arrays went to the stack).
+macro_rules! sweep_taps {
+    ($name:ident, $taps:literal, $($j:tt),+) => {
+        #[inline(always)]
+        fn $name(grad: &[f32], data: &[f32], offsets: &[usize], lanes: &mut [[f32; LANES]]) -> usize {
+            let mut acc = ($(lanes[$j],)+);
+            let full = grad.len() - grad.len() % LANES;
+            for start in (0..full).step_by(LANES) {
+                let d: &[f32; LANES] = grad[start..][..LANES].try_into().expect("a full chunk");
+                $(
+                    let v: &[f32; LANES] = data[offsets[$j] + start..][..LANES]
+                        .try_into()
+                        .expect("a full chunk");
+                    for l in 0..LANES {
+                        acc.$j[l] += d[l] * v[l];
+                    }
+                )+
+            }
+            // The last partial chunk as a whole one padded with zeros: the padding adds `+0·0`
+            // to lanes no position reaches, which leaves every sum as it is (none is ever −0).
+            let rest = grad.len() - full;
+            let mut d = [0.0f32; LANES];
+            d[..rest].copy_from_slice(&grad[full..]);
+            $(
+                let mut v = [0.0f32; LANES];
+                v[..rest].copy_from_slice(&data[offsets[$j] + full..][..rest]);
+                for l in 0..LANES {
+                    acc.$j[l] += d[l] * v[l];
+                }
+                lanes[$j] = acc.$j;
+            )+
+            $taps
+        }
+    };
+}
+
+sweep_taps!(sweep_3_taps, 3, 0, 1, 2);
+sweep_taps!(sweep_2_taps, 2, 0, 1);
+sweep_taps!(sweep_1_tap, 1, 0);

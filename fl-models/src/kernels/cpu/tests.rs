@@ -391,6 +391,106 @@ fn naive_depthwise(g: &Conv2dGeometry, x: &[f32], w: &[f32]) -> Vec<f32> {
     naive_conv(g, x, &full, &vec![0.0; g.c_out])
 }
 
+/// Depthwise forward and input gradient as sums over the taps in ascending `(ky, kx)` order,
+/// each starting from zero: the order of the kernels' additions, so they must match bit for bit.
+fn tap_ordered_depthwise(g: &Conv2dGeometry, x: &[f32], w: &[f32], dy: &[f32]) -> [Vec<f32>; 2] {
+    let ([h, wd], [oh, ow], [kh, kw]) = (g.input, g.output, g.kernel);
+    let ([sh, sw], [pt, pl]) = (g.stride, g.pad_begin);
+    let mut y = vec![0.0f32; g.batch * g.output_len()];
+    let mut dx = vec![0.0f32; g.batch * g.input_len()];
+    for plane in 0..g.batch * g.c_in {
+        let c = plane % g.c_in;
+        let w = &w[c * kh * kw..][..kh * kw];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let mut acc = 0.0f32;
+                for (k, wk) in w.iter().enumerate() {
+                    let (iy, ix) = (oy * sh + k / kw, ox * sw + k % kw);
+                    if (pt..pt + h).contains(&iy) && (pl..pl + wd).contains(&ix) {
+                        acc += wk * x[(plane * h + iy - pt) * wd + ix - pl];
+                    }
+                }
+                y[(plane * oh + oy) * ow + ox] = acc;
+            }
+        }
+        for iy in 0..h {
+            for ix in 0..wd {
+                let mut acc = 0.0f32;
+                for (k, wk) in w.iter().enumerate() {
+                    // The output (py / sh, px / sw) whose tap k reads this input, if any.
+                    let py = (iy + pt).wrapping_sub(k / kw);
+                    let px = (ix + pl).wrapping_sub(k % kw);
+                    if py % sh == 0 && px % sw == 0 && py / sh < oh && px / sw < ow {
+                        acc += wk * dy[(plane * oh + py / sh) * ow + px / sw];
+                    }
+                }
+                dx[(plane * h + iy) * wd + ix] = acc;
+            }
+        }
+    }
+    [y, dx]
+}
+
+/// The depthwise weight gradient in the kernel's order: 32 partial sums per tap (lane = the
+/// output's position in the wide plane, `oy · width + ox`, mod 32), each over the samples in
+/// order and the positions in order, then added up with `sum`.
+fn tap_ordered_depthwise_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    let ([h, wd], [oh, ow], [kh, kw]) = (g.input, g.output, g.kernel);
+    let ([sh, sw], [pt, pl]) = (g.stride, g.pad_begin);
+    let width = ((ow - 1) * sw + kw).div_ceil(sw);
+    let mut dw = Vec::new();
+    for c in 0..g.c_in {
+        let mut lanes = vec![[0.0f32; 32]; kh * kw];
+        for n in 0..g.batch {
+            let plane = n * g.c_in + c;
+            for (k, lanes) in lanes.iter_mut().enumerate() {
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let (iy, ix) = (oy * sh + k / kw, ox * sw + k % kw);
+                        if (pt..pt + h).contains(&iy) && (pl..pl + wd).contains(&ix) {
+                            let d = dy[(plane * oh + oy) * ow + ox];
+                            let v = x[(plane * h + iy - pt) * wd + ix - pl];
+                            lanes[(oy * width + ox) % 32] += d * v;
+                        }
+                    }
+                }
+            }
+        }
+        dw.extend(lanes.iter().map(|l| sum(l)));
+    }
+    dw
+}
+
+#[test]
+fn depthwise_sums_run_in_tap_order() {
+    at_every_isa(|isa| {
+        for g in depthwise_cases() {
+            let taps = g.kernel[0] * g.kernel[1];
+            let x = values(g.batch * g.input_len(), 31);
+            let w = values(g.c_in * taps, 32);
+            let dy = values(g.batch * g.output_len(), 33);
+            let [y, dx] = tap_ordered_depthwise(&g, &x, &w, &dy);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&depthwise_forward(&g, &x, &w)),
+                bits(&y),
+                "{isa:?} {g:?}: y"
+            );
+            assert_eq!(
+                bits(&depthwise_input_grad(&g, &w, &dy)),
+                bits(&dx),
+                "{isa:?} {g:?}: dx"
+            );
+            let dw = tap_ordered_depthwise_weight_grad(&g, &x, &dy);
+            assert_eq!(
+                bits(&depthwise_weight_grad(&g, &x, &dy)),
+                bits(&dw),
+                "{isa:?} {g:?}: dw"
+            );
+        }
+    });
+}
+
 #[test]
 fn depthwise_convolution_matches_the_definition_and_its_adjoints() {
     let dot = |a: &[f32], b: &[f32]| {
