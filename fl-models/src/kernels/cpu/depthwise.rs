@@ -26,6 +26,9 @@ const LANES: usize = 32;
 /// of sums, kept in registers over all the taps.
 const BLOCK: usize = 32;
 
+// The weight gradient sweeps the wide plane, padded to whole blocks, in whole chunks of lanes.
+const _: () = assert!(BLOCK % LANES == 0);
+
 /// A plane's zero-padded copy split into stride phases, plus the wide output buffer.
 struct Phased {
     /// Row and column strides (`sh × sw` phases).
@@ -35,7 +38,9 @@ struct Phased {
     width: usize,
     /// The phases, then [`BLOCK`] spare floats (a block's reads may run past the last phase).
     data: Vec<f32>,
-    /// One output plane laid out wide (`oh × width`).
+    /// One output plane laid out wide (`oh × width`), rounded up to whole blocks: every loop
+    /// over it runs on full vectors (a partial tail went through the stack and stalled the
+    /// small 4×4 and 2×2 maps on store forwarding).
     wide: Vec<f32>,
     /// `tap_offset` of every tap, in weight order.
     offsets: Vec<usize>,
@@ -61,7 +66,7 @@ impl Phased {
             width,
             // One spare row per phase: the last taps' wide runs reach past the last row.
             data: vec![0.0; sh * sw * (rows + 1) * width + BLOCK],
-            wide: vec![0.0; oh * width],
+            wide: vec![0.0; (oh * width).next_multiple_of(BLOCK)],
             offsets: Vec::with_capacity(kh * kw),
             phase_taps: vec![Vec::new(); sh * sw],
             grad: Vec::new(),
@@ -209,7 +214,8 @@ fn forward_plane_generic(
     buf.load(g, x);
     let len = buf.wide.len();
     // Each block of outputs sums its taps in registers, in tap order from zero (the order the
-    // tests pin down), and is stored once.
+    // tests pin down), and is stored once. Reads past the plane stay inside `data` (its spare
+    // row per phase and spare block) and only feed outputs that are dropped.
     for start in (0..len).step_by(BLOCK) {
         let mut acc = [0.0f32; BLOCK];
         for (&weight, &offset) in w.iter().zip(&buf.offsets) {
@@ -220,8 +226,7 @@ fn forward_plane_generic(
                 acc[l] += weight * input[l];
             }
         }
-        let n = BLOCK.min(len - start);
-        buf.wide[start..start + n].copy_from_slice(&acc[..n]);
+        buf.wide[start..start + BLOCK].copy_from_slice(&acc);
     }
     for (dst, src) in y.chunks_exact_mut(ow).zip(buf.wide.chunks_exact(buf.width)) {
         dst.copy_from_slice(&src[..ow]);
@@ -246,17 +251,16 @@ pub fn depthwise_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> V
     dx
 }
 
-/// `dy` laid out wide, zeros in the extra columns (so they add nothing).
+/// `dy` laid out wide, zeros in the extra columns and the tail (so they add nothing).
 #[inline(always)]
 fn widen(buf: &mut Phased, ow: usize, dy: &[f32]) {
-    for (dst, src) in buf
-        .wide
-        .chunks_exact_mut(buf.width)
-        .zip(dy.chunks_exact(ow))
-    {
+    let rows = dy.len() / ow;
+    let (plane, tail) = buf.wide.split_at_mut(rows * buf.width);
+    for (dst, src) in plane.chunks_exact_mut(buf.width).zip(dy.chunks_exact(ow)) {
         dst[..ow].copy_from_slice(src);
         dst[ow..].fill(0.0);
     }
+    tail.fill(0.0);
 }
 
 #[inline(always)]
@@ -279,10 +283,12 @@ fn input_grad_plane_generic(
     }
     // Gathered rather than scattered: each padded-input entry sums, in registers, what every
     // tap of its phase brings it, in tap order from zero, as the tests pin down. Entries the
-    // phase's row count leaves out are never read by `store`.
+    // phase's row count leaves out are never read by `store`. Blocks are stored whole: the
+    // last one may spill into the phase's spare row and the next phase's first entries (which
+    // that phase overwrites after) or the spare block after the last phase.
     let (phase_len, n) = (buf.phase_len(), buf.rows * width);
     for (phase, taps) in buf.phase_taps.iter().enumerate() {
-        let data = &mut buf.data[phase * phase_len..][..n];
+        let data = &mut buf.data[phase * phase_len..][..n.next_multiple_of(BLOCK)];
         for start in (0..n).step_by(BLOCK) {
             let mut acc = [0.0f32; BLOCK];
             for &(k, within) in taps {
@@ -294,8 +300,7 @@ fn input_grad_plane_generic(
                     acc[l] += weight * grad[l];
                 }
             }
-            let m = BLOCK.min(n - start);
-            data[start..start + m].copy_from_slice(&acc[..m]);
+            data[start..start + BLOCK].copy_from_slice(&acc);
         }
     }
     buf.store(g, dx);
@@ -356,16 +361,17 @@ fn weight_grad_channel_generic(
 /// data[offset + p]` for as many taps as indices are listed onto their [`LANES`] partial sums
 /// (lane `p mod LANES`, in order of `p`), sharing each load of `grad`. The sums are a tuple of
 /// arrays, which the compiler keeps in vector registers (an array of arrays went to the stack).
+/// `grad` is whole chunks: its zero tail (see [`Phased::wide`]) adds `±0` to lanes no output
+/// reaches, which leaves every sum as it is (a sum from `+0` is never `−0`).
 macro_rules! sweep_taps {
     ($name:ident, $taps:literal, $($j:tt),+) => {
         #[inline(always)]
         fn $name(grad: &[f32], data: &[f32], offsets: &[usize], lanes: &mut [[f32; LANES]]) -> usize {
             let mut acc = ($(lanes[$j],)+);
-            let full = grad.len() - grad.len() % LANES;
-            for start in (0..full).step_by(LANES) {
-                let d: &[f32; LANES] = grad[start..][..LANES].try_into().expect("a full chunk");
+            for (chunk, d) in grad.chunks_exact(LANES).enumerate() {
+                let d: &[f32; LANES] = d.try_into().expect("a full chunk");
                 $(
-                    let v: &[f32; LANES] = data[offsets[$j] + start..][..LANES]
+                    let v: &[f32; LANES] = data[offsets[$j] + chunk * LANES..][..LANES]
                         .try_into()
                         .expect("a full chunk");
                     for l in 0..LANES {
@@ -373,19 +379,7 @@ macro_rules! sweep_taps {
                     }
                 )+
             }
-            // The last partial chunk as a whole one padded with zeros: the padding adds `+0·0`
-            // to lanes no position reaches, which leaves every sum as it is (none is ever −0).
-            let rest = grad.len() - full;
-            let mut d = [0.0f32; LANES];
-            d[..rest].copy_from_slice(&grad[full..]);
-            $(
-                let mut v = [0.0f32; LANES];
-                v[..rest].copy_from_slice(&data[offsets[$j] + full..][..rest]);
-                for l in 0..LANES {
-                    acc.$j[l] += d[l] * v[l];
-                }
-                lanes[$j] = acc.$j;
-            )+
+            $(lanes[$j] = acc.$j;)+
             $taps
         }
     };
