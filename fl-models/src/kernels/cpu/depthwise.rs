@@ -27,7 +27,7 @@ const LANES: usize = 32;
 const BLOCK: usize = 32;
 
 // The weight gradient sweeps the wide plane, padded to whole blocks, in whole chunks of lanes.
-const _: () = assert!(BLOCK % LANES == 0);
+const _: () = assert!(BLOCK.is_multiple_of(LANES));
 
 /// A plane's zero-padded copy split into stride phases, plus the wide output buffer.
 struct Phased {
