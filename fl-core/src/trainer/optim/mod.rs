@@ -71,3 +71,50 @@ fn host_values(data: &mut TensorData) -> &mut [f32] {
 fn load<const D: usize>(data: TensorData, device: &burn::tensor::Device) -> Tensor<D> {
     Tensor::from_data(data, (device, DType::F32))
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::nn::{Linear, LinearConfig};
+    use burn::optim::{GradientsParams, ModuleOptimizer};
+    use burn::tensor::{Device, Distribution, Tensor};
+
+    /// The weight and bias of `m`, bit for bit.
+    fn bits(m: &Linear) -> Vec<u32> {
+        let mut out = Vec::new();
+        for t in [
+            m.weight.val().into_data(),
+            m.bias.clone().unwrap().val().into_data(),
+        ] {
+            out.extend(t.as_slice::<f32>().unwrap().iter().map(|x| x.to_bits()));
+        }
+        out
+    }
+
+    /// Four steps of `burn` and `fused` at `lr` from the same start on the same inputs, on
+    /// tensors larger than one chunk (so the fused pass runs on the thread pool): the weights
+    /// must agree bit for bit and must have moved.
+    pub(super) fn assert_same_steps(
+        mut burn: ModuleOptimizer,
+        mut fused: ModuleOptimizer,
+        lr: f64,
+        case: &str,
+    ) {
+        let device = Device::default().autodiff();
+        let start = LinearConfig::new(300, 150).init(&device);
+        let inputs: Vec<Tensor<2>> = (0..4)
+            .map(|_| Tensor::random([8, 300], Distribution::Normal(0.0, 1.0), &device))
+            .collect();
+        let (mut a, mut b) = (start.clone(), start.clone());
+        for x in &inputs {
+            let step = |m: Linear, optim: &mut ModuleOptimizer| {
+                let loss = m.forward(x.clone()).powi_scalar(2).mean();
+                let grads = GradientsParams::from_grads(loss.backward(), &m);
+                optim.step(lr, m, grads)
+            };
+            a = step(a, &mut burn);
+            b = step(b, &mut fused);
+        }
+        assert_eq!(bits(&a), bits(&b), "{case}");
+        assert_ne!(bits(&a), bits(&start), "{case}: the steps moved nothing");
+    }
+}
