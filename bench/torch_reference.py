@@ -7,12 +7,19 @@ SGD lr 0.01 momentum 0.5, three timed epochs after a warm-up one) on 1 and on T 
 threads, times evaluation (batch 500) on T threads and, with `--round KxE`, a FedMR round (K
 clients x E epochs one after another, then FedMR's per-tensor recombination). Given `--fl PATH`
 (the release binary) it runs `fl bench` with the same settings per model and input shape and
-prints the ratios in one Markdown table.
+prints the ratios in one Markdown table. Every row also gives the training cost in GFLOP per
+sample (PyTorch's FLOP counter over one batch's forward and backward pass: 2 FLOPs per
+multiply-add) and, given `--peak` (per thread, GFLOP/s: the first line of `fl bench --kernels`),
+each side's share of the T threads' multiply-add peak: the fastest any implementation doing the
+same arithmetic could train is 100%.
 
     python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch numpy
     cargo build --release
     /tmp/torchenv/bin/python bench/torch_reference.py --fl target/release/fl --threads 2 \
         --inputs 3x32x32,1x28x28
+    target/release/fl bench --kernels --threads 1 | head -1     # the peak per thread
+    /tmp/torchenv/bin/python bench/torch_reference.py --fl target/release/fl --threads 2 \
+        --peak 116
     /tmp/torchenv/bin/python bench/torch_reference.py --models cnn --samples 500 --round 10x5 \
         --fl target/release/fl
 
@@ -27,6 +34,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 
 class Cnn(nn.Module):
@@ -383,6 +391,10 @@ def measure(name, shape, samples, threads, rounds):
         return train(model, images[sl], labels[sl], e)
 
     out = {"model": name, "params": params, "train": {}}
+    model = make()
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(images[:50]), labels[:50]).backward()
+    out["gflop"] = counter.get_total_flops() / 50 / 1e9
     for t in threads:
         torch.set_num_threads(t)
         client(0, 1)  # warm-up
@@ -438,6 +450,8 @@ def main():
     p.add_argument("--threads", type=int, default=2, help="the pool size compared besides 1 thread")
     p.add_argument("--round", metavar="KxE", help="also time a FedMR round of K clients x E epochs")
     p.add_argument("--fl", help="path of the fl binary: also run `fl bench` and print ratios")
+    p.add_argument("--peak", type=float, metavar="GFLOPS",
+                   help="multiply-add peak per thread: adds each side's share of it (2t)")
     a = p.parse_args()
     models = list(MODELS) if a.models == "all" else a.models.split(",")
     inputs = [tuple(int(d) for d in s.split("x")) for s in a.inputs.split(",")]
@@ -452,6 +466,10 @@ def main():
     cols += [f"torch eval/s ({threads[-1]}t)", "fl eval/s", "fl/torch eval"]
     if rounds:
         cols += ["torch round (s)", "fl round (s)", "torch/fl round"]
+    cols += ["train GFLOP/sample"]
+    if a.peak:
+        t = threads[-1]
+        cols += [f"torch % of peak ({t}t)", f"fl % of peak ({t}t)", f"bound fl/torch ({t}t)"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for shape in inputs:
         for m in models:
@@ -474,6 +492,12 @@ def main():
                 row += [f"{r['round_s']:.2f}"]
                 row += ([f"{ours['round_s']:.2f}", ratio(r["round_s"], ours["round_s"])]
                         if ours else ["-", "-"])
+            row += [f"{r['gflop']:.3f}"]
+            if a.peak:
+                t, peak = threads[-1], a.peak * threads[-1]
+                share = lambda rate: f"{100 * rate * r['gflop'] / peak:.0f}%"
+                row += [share(r["train"][t]), share(ours["train"][t]) if ours else "-",
+                        f"{peak / r['gflop'] / r['train'][t]:.2f}x"]
             print("| " + " | ".join(row) + " |", flush=True)
 
 

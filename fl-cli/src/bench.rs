@@ -397,3 +397,82 @@ fn peak_rss_mib() -> Option<f64> {
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
 }
+
+/// The 3×3 and 5×5 stride-1 convolutions of the FedMR CNN, ResNet-20 and VGG-16 on 3×32×32
+/// inputs, one row per distinct shape.
+#[cfg(feature = "flex")]
+const KERNEL_SHAPES: [(&str, [usize; 5]); 10] = [
+    ("cnn conv1", [3, 6, 32, 5, 0]),
+    ("cnn conv2", [6, 16, 14, 5, 0]),
+    ("resnet20 stage 1", [16, 16, 32, 3, 1]),
+    ("resnet20 stage 2", [32, 32, 16, 3, 1]),
+    ("resnet20 stage 3", [64, 64, 8, 3, 1]),
+    ("vgg16 block 1", [64, 64, 32, 3, 1]),
+    ("vgg16 block 2", [128, 128, 16, 3, 1]),
+    ("vgg16 block 3", [256, 256, 8, 3, 1]),
+    ("vgg16 block 4", [512, 512, 4, 3, 1]),
+    ("vgg16 block 5", [512, 512, 2, 3, 1]),
+];
+
+/// `fl bench --kernels`: the thread pool's multiply-add peak, then each convolution shape's
+/// forward pass and gradients in GFLOP/s and as a share of that peak (batch 50, as training).
+pub fn bench_kernels(threads: Option<usize>) -> anyhow::Result<()> {
+    #[cfg(feature = "flex")]
+    {
+        use fl_models::kernels::roofline::{ConvShape, conv_rates, fma_peak_gflops};
+        let threads =
+            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        anyhow::ensure!(threads > 0, "--threads must be at least 1");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .context("thread pool")?;
+        let peak = pool.install(|| fma_peak_gflops(1.0));
+        match peak {
+            Some(p) => println!(
+                "multiply-add peak: {p:.0} GFLOP/s on {threads} threads ({:.0} per thread; \
+                 fused multiply-adds in {} registers, 2 FLOPs per lane)",
+                p / threads as f64,
+                if fl_models::kernels::Isa::active() == fl_models::kernels::Isa::Avx512 {
+                    "AVX-512"
+                } else {
+                    "AVX2"
+                }
+            ),
+            None => println!("multiply-add peak: not measured (no AVX2/FMA on this CPU)"),
+        }
+        let share = |rate: f64| match peak {
+            Some(p) => format!("{rate:.0} ({:.0}%)", 100.0 * rate / p),
+            None => format!("{rate:.0}"),
+        };
+        println!(
+            "\n| layer | c_in→c_out @ size, kernel | kernel path | forward GFLOP/s (% of peak) | input gradient | weight gradient |"
+        );
+        println!("|---|---|---|---|---|---|");
+        for (name, [c_in, c_out, size, kernel, padding]) in KERNEL_SHAPES {
+            let shape = ConvShape {
+                c_in,
+                c_out,
+                size,
+                kernel,
+                padding,
+            };
+            let r = pool.install(|| conv_rates(shape, 50, 0.5));
+            println!(
+                "| {name} | {c_in}→{c_out} @ {size}×{size}, {kernel}×{kernel} | {} | {} | {} | {} |",
+                if r.direct { "direct" } else { "im2col + gemm" },
+                share(r.forward),
+                share(r.input_grad),
+                share(r.weight_grad)
+            );
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = threads;
+        anyhow::bail!(
+            "fl bench --kernels measures the flex backend's CPU kernels: build with the flex feature"
+        )
+    }
+}

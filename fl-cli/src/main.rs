@@ -141,6 +141,10 @@ enum Command {
         /// (training, server step with pFedClub's phases, evaluation) and its peak RSS.
         #[arg(long, value_name = "CONFIG", conflicts_with = "quick")]
         round: Option<PathBuf>,
+        /// Instead of the model table: this machine's multiply-add peak and the convolution
+        /// kernels' GFLOP/s on the models' shapes (what bounds training speed here).
+        #[arg(long, conflicts_with_all = ["quick", "round", "burn_kernels"])]
+        kernels: bool,
     },
     /// Draw how a partition splits the classes among clients: a heat map (clients × classes)
     /// and a CSV, for a run's partition.json (`--run DIR`) or the one the flags would draw.
@@ -393,6 +397,11 @@ fn main() -> ExitCode {
         Command::Partition { run, image, args } => run::partition(run.as_deref(), &args, &image),
         Command::Bench {
             threads,
+            kernels: true,
+            ..
+        } => bench::bench_kernels(threads),
+        Command::Bench {
+            threads,
             burn_kernels,
             round: Some(config),
             ..
@@ -412,6 +421,7 @@ fn main() -> ExitCode {
             quick,
             burn_kernels,
             round: None,
+            kernels: false,
         } => models
             .iter()
             .map(|m| m.parse::<fl_models::ModelKind>())

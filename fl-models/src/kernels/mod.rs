@@ -33,6 +33,8 @@ mod flex_linear;
 #[cfg(feature = "flex")]
 mod flex_mobile;
 pub(crate) mod isa;
+#[cfg(feature = "flex")]
+pub mod roofline;
 
 pub use isa::{Isa, set_max_isa};
 

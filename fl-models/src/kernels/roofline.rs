@@ -1,0 +1,209 @@
+//! What bounds training speed on this CPU (`fl bench --kernels`): the multiply-add peak of the
+//! thread pool, measured, and the dense convolutions' throughput against it on the models'
+//! shapes. A model's training cost in FLOPs divided by the peak is the fastest any
+//! implementation doing the same arithmetic can train it (README "Speed").
+
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::cpu::{self, Conv2dGeometry};
+
+/// Multiply-add peak of the current rayon pool in GFLOP/s (a fused multiply-add counts 2 FLOPs
+/// per lane): independent FMA chains, enough to cover the instruction's latency, run for about
+/// `seconds` on every thread of the pool at once, the rates summed. AVX-512 where the kernels
+/// use it, else AVX2; `None` off x86-64 or without AVX2 and FMA.
+pub fn fma_peak_gflops(seconds: f64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let wide = super::isa::uses(super::isa::Isa::Avx512);
+        let fma = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+        if !(wide || fma) {
+            return None;
+        }
+        let rates = rayon::broadcast(|_| {
+            // Calibrate on a short run, then time one of about `seconds`.
+            let mut iters = 1 << 16;
+            loop {
+                let begin = Instant::now();
+                let flops = fma::chains(wide, iters);
+                let elapsed = begin.elapsed().as_secs_f64();
+                if elapsed >= seconds || iters >= 1 << 34 {
+                    return flops / elapsed / 1e9;
+                }
+                iters = (iters as f64 * (seconds / elapsed.max(1e-6)).clamp(2.0, 100.0)) as u64;
+            }
+        });
+        Some(rates.iter().sum())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = seconds;
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod fma {
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+
+    /// Twelve independent chains: with a 4-cycle latency, enough for two FMA pipes.
+    const CHAINS: usize = 12;
+
+    /// Runs `iters` rounds of [`CHAINS`] FMAs; returns the FLOPs done.
+    pub(super) fn chains(wide: bool, iters: u64) -> f64 {
+        // SAFETY: the caller checked AVX-512F (`wide`) or AVX2 and FMA.
+        let sink = unsafe { if wide { avx512(iters) } else { avx2(iters) } };
+        black_box(sink);
+        let lanes = if wide { 16 } else { 8 };
+        (iters as usize * CHAINS * lanes * 2) as f64
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512(iters: u64) -> f32 {
+        let (a, b) = (
+            _mm512_set1_ps(black_box(0.999)),
+            _mm512_set1_ps(black_box(1e-3)),
+        );
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        for _ in 0..iters {
+            for r in acc.iter_mut() {
+                *r = _mm512_fmadd_ps(*r, a, b);
+            }
+        }
+        acc.iter().map(|&r| _mm512_reduce_add_ps(r)).sum()
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2(iters: u64) -> f32 {
+        let (a, b) = (
+            _mm256_set1_ps(black_box(0.999)),
+            _mm256_set1_ps(black_box(1e-3)),
+        );
+        let mut acc = [_mm256_setzero_ps(); CHAINS];
+        for _ in 0..iters {
+            for r in acc.iter_mut() {
+                *r = _mm256_fmadd_ps(*r, a, b);
+            }
+        }
+        let mut out = [0.0f32; 8];
+        let sum = acc
+            .iter()
+            .fold(_mm256_setzero_ps(), |s, &r| _mm256_add_ps(s, r));
+        // SAFETY: `out` holds eight floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
+        out.iter().sum()
+    }
+}
+
+/// A dense convolution for [`conv_rates`]: square input and kernel, stride 1, zero padding
+/// `padding` on every side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvShape {
+    /// Input channels.
+    pub c_in: usize,
+    /// Output channels.
+    pub c_out: usize,
+    /// Input height and width.
+    pub size: usize,
+    /// Kernel height and width.
+    pub kernel: usize,
+    /// Zero padding on each side.
+    pub padding: usize,
+}
+
+impl ConvShape {
+    fn geometry(&self, batch: usize) -> Conv2dGeometry {
+        let out = self.size + 2 * self.padding + 1 - self.kernel;
+        Conv2dGeometry {
+            batch,
+            c_in: self.c_in,
+            input: [self.size; 2],
+            c_out: self.c_out,
+            kernel: [self.kernel; 2],
+            stride: [1, 1],
+            pad_begin: [self.padding; 2],
+            output: [out; 2],
+        }
+    }
+
+    /// Multiply-adds of one pass over one sample (each of forward, input and weight gradient).
+    pub fn macs(&self) -> usize {
+        let out = self.size + 2 * self.padding + 1 - self.kernel;
+        self.c_in * self.c_out * self.kernel * self.kernel * out * out
+    }
+}
+
+/// Throughput of the kernels on one [`ConvShape`], in GFLOP/s of the convolution's own
+/// multiply-adds (the direct kernels' wasted columns and im2col's copies count as time, not
+/// work).
+#[derive(Debug, Clone, Copy)]
+pub struct ConvRate {
+    /// The shape measured.
+    pub shape: ConvShape,
+    /// Whether the direct kernels ran it (else im2col + gemm).
+    pub direct: bool,
+    /// Forward pass.
+    pub forward: f64,
+    /// Input gradient.
+    pub input_grad: f64,
+    /// Weight and bias gradients.
+    pub weight_grad: f64,
+}
+
+/// Times the forward pass and both gradients of `shape` on a batch of `batch` samples, each
+/// repeated for about `seconds`, on the current rayon pool (the same entry points the models
+/// call, so buffer copies and zeroing count).
+pub fn conv_rates(shape: ConvShape, batch: usize, seconds: f64) -> ConvRate {
+    let g = shape.geometry(batch);
+    let fill = |n: usize, salt: usize| -> Vec<f32> {
+        (0..n)
+            .into_par_iter()
+            .map(|i| ((i * 7919 + salt) % 1009) as f32 / 1009.0 - 0.5)
+            .collect()
+    };
+    let x = fill(g.input_len() * batch, 1);
+    let w = fill(g.weight_len(), 2);
+    let dy = fill(g.output_len() * batch, 3);
+    let flops = 2.0 * (shape.macs() * batch) as f64;
+    let rate = |pass: &dyn Fn()| {
+        pass();
+        let (mut runs, begin) = (0u32, Instant::now());
+        while runs == 0 || begin.elapsed().as_secs_f64() < seconds {
+            pass();
+            runs += 1;
+        }
+        flops * runs as f64 / begin.elapsed().as_secs_f64() / 1e9
+    };
+    ConvRate {
+        shape,
+        direct: super::direct::applies(&g),
+        forward: rate(&|| drop(std::hint::black_box(cpu::conv2d_forward(&g, &x, &w, None)))),
+        input_grad: rate(&|| drop(std::hint::black_box(cpu::conv2d_input_grad(&g, &w, &dy)))),
+        weight_grad: rate(&|| drop(std::hint::black_box(cpu::conv2d_weight_grad(&g, &x, &dy)))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_count_their_work() {
+        let s = ConvShape {
+            c_in: 16,
+            c_out: 32,
+            size: 8,
+            kernel: 3,
+            padding: 1,
+        };
+        assert_eq!(s.macs(), 16 * 32 * 9 * 64);
+        assert_eq!(s.geometry(2).output, [8, 8]);
+        let rate = conv_rates(s, 2, 0.0);
+        assert!(rate.forward > 0.0 && rate.input_grad > 0.0 && rate.weight_grad > 0.0);
+        if let Some(peak) = fma_peak_gflops(0.001) {
+            assert!(peak > 0.0);
+        }
+    }
+}
