@@ -8,8 +8,8 @@ threads, times evaluation (batch 500) on T threads and, with `--round KxE`, a Fe
 clients x E epochs one after another, then FedMR's per-tensor recombination). Given `--fl PATH`
 (the release binary) it runs `fl bench` with the same settings per model and input shape and
 prints the ratios in one Markdown table. Every row also gives the training cost in GFLOP per
-sample (PyTorch's FLOP counter over one batch's forward and backward pass: 2 FLOPs per
-multiply-add) and, given `--peak` (per thread, GFLOP/s: the first line of `fl bench --kernels`),
+sample (three times the forward pass's, by PyTorch's FLOP counter: 2 FLOPs per multiply-add)
+and, given `--peak` (per thread, GFLOP/s: the first line of `fl bench --kernels`),
 each side's share of the T threads' multiply-add peak: the fastest any implementation doing the
 same arithmetic could train is 100%.
 
@@ -391,10 +391,13 @@ def measure(name, shape, samples, threads, rounds):
         return train(model, images[sl], labels[sl], e)
 
     out = {"model": name, "params": params, "train": {}}
-    model = make()
-    with FlopCounterMode(display=False) as counter:
-        F.cross_entropy(model(images[:50]), labels[:50]).backward()
-    out["gflop"] = counter.get_total_flops() / 50 / 1e9
+    # Training costs three forward passes of multiply-adds (forward, input and weight
+    # gradients; both sides skip the first layer's input gradient, a small overcount). Counted
+    # on the forward pass: PyTorch's counter ignores the groups of a convolution's backward,
+    # which would count each depthwise layer's gradients as a dense convolution's.
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        make()(images[:50])
+    out["gflop"] = 3 * counter.get_total_flops() / 50 / 1e9
     for t in threads:
         torch.set_num_threads(t)
         client(0, 1)  # warm-up

@@ -460,7 +460,7 @@ pub fn bench_kernels(threads: Option<usize>) -> anyhow::Result<()> {
             let r = pool.install(|| conv_rates(shape, 50, 0.5));
             println!(
                 "| {name} | {c_in}→{c_out} @ {size}×{size}, {kernel}×{kernel} | {} | {} | {} | {} |",
-                if r.direct { "direct" } else { "im2col + gemm" },
+                r.path,
                 share(r.forward),
                 share(r.input_grad),
                 share(r.weight_grad)

@@ -142,8 +142,9 @@ impl ConvShape {
 pub struct ConvRate {
     /// The shape measured.
     pub shape: ConvShape,
-    /// Whether the direct kernels ran it (else im2col + gemm).
-    pub direct: bool,
+    /// The kernels that ran it: `direct`, or `im2col + gemm` (with the weight gradient's
+    /// small-map kernel on maps of 3–16 pixels).
+    pub path: &'static str,
     /// Forward pass.
     pub forward: f64,
     /// Input gradient.
@@ -178,7 +179,13 @@ pub fn conv_rates(shape: ConvShape, batch: usize, seconds: f64) -> ConvRate {
     };
     ConvRate {
         shape,
-        direct: super::direct::applies(&g),
+        path: if super::direct::applies(&g) {
+            "direct"
+        } else if cpu::narrow_applies(&g) {
+            "im2col + gemm; small-map weight gradient"
+        } else {
+            "im2col + gemm"
+        },
         forward: rate(&|| drop(std::hint::black_box(cpu::conv2d_forward(&g, &x, &w, None)))),
         input_grad: rate(&|| drop(std::hint::black_box(cpu::conv2d_input_grad(&g, &w, &dy)))),
         weight_grad: rate(&|| drop(std::hint::black_box(cpu::conv2d_weight_grad(&g, &x, &dy)))),

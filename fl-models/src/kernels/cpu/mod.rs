@@ -40,6 +40,7 @@ macro_rules! best_isa {
 
 mod act;
 mod depthwise;
+mod narrow;
 mod norm;
 mod pool;
 #[cfg(test)]
@@ -632,6 +633,11 @@ fn input_grad_sample(
     }
 }
 
+/// Whether the weight gradient of `g` runs the small-map kernel (`fl bench --kernels`).
+pub(crate) fn narrow_applies(g: &Conv2dGeometry) -> bool {
+    narrow::applies(g)
+}
+
 /// Weight and bias gradients: `dW = Σₙ dy[n] · im2col(x[n])ᵀ`, `db = Σₙ Σ_pixels dy[n]`.
 pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
     if g.batch == 0 || g.output_len() == 0 || g.input_len() == 0 {
@@ -639,6 +645,9 @@ pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     }
     if super::direct::applies(g) {
         return super::direct::conv2d_weight_grad(g, x, dy);
+    }
+    if narrow::applies(g) {
+        return narrow::weight_grad(g, x, dy);
     }
     im2col_conv2d_weight_grad(g, x, dy)
 }

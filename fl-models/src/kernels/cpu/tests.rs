@@ -251,6 +251,42 @@ fn grouping_samples_into_one_gemm_changes_no_bits() {
 }
 
 #[test]
+fn small_map_weight_gradients_are_gemms_bits() {
+    // 2×2, 3×3 and 4×4 outputs (VGG-16's last blocks, CNN3, a strided and a pointwise layer),
+    // channel counts that leave partial tiles both ways, batches over several chunks, and both
+    // orientations of the gemm they replace (c_out below and above 16), two channel tasks.
+    let shapes = [
+        geometry([19, 37, 2, 2], [40, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([9, 12, 3, 3], [20, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([11, 8, 4, 4], [7, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([5, 6, 7, 7], [33, 3, 3], [2, 2], [(0, 0), (0, 0)]),
+        geometry([10, 21, 4, 4], [70, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+    ];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let _guard = crate::kernels::isa::test_lock();
+    for g in &shapes {
+        assert_eq!(
+            narrow::applies(g),
+            Isa::active() == Isa::Avx512,
+            "{g:?}: small map"
+        );
+        let x = values(g.batch * g.input_len(), 21);
+        let dy = values(g.batch * g.output_len(), 22);
+        let (dw, db) = conv2d_weight_grad(g, &x, &dy);
+        let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
+        let first_difference =
+            |a: &[f32], b: &[f32]| bits(a).iter().zip(bits(b)).position(|(x, y)| *x != y);
+        assert_eq!(
+            first_difference(&dw, &dw_ref),
+            None,
+            "{g:?}: weight gradient"
+        );
+        assert_eq!(first_difference(&db, &db_ref), None, "{g:?}: bias gradient");
+        assert_eq!((dw.len(), db.len()), (dw_ref.len(), db_ref.len()));
+    }
+}
+
+#[test]
 fn results_do_not_depend_on_the_thread_count() {
     // Both runs on the same instruction tier: other tests cap it while they hold this lock.
     let _guard = crate::kernels::isa::test_lock();

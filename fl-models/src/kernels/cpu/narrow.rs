@@ -1,0 +1,208 @@
+//! Weight gradients of convolutions on small feature maps (3 to 16 output pixels: VGG-16's 4×4
+//! and 2×2 maps, CNN3's 3×3, the MobileNets' last pointwise layers), bit for bit the per-sample
+//! gemm they replace.
+//!
+//! The im2col path sums a chunk's weight gradient as one gemm per sample, `dW += dy[n] ·
+//! cols[n]ᵀ`, whose inner dimension is the map's few pixels: every product reads and writes the
+//! whole gradient (2.4 M floats on VGG-16's 512-channel layers) for 4–16 multiply-adds per
+//! element, so it runs at memory speed (15–45% of the FMA peak, `fl bench --kernels`). gemm's
+//! micro-kernel computes each element as an FMA chain over the pixels starting from zero, then
+//! stores it (first sample) or adds it to the element (`fma(1, sum, dW)`, one rounding: an
+//! add); the chunks' partial gradients are then added in chunk order. This kernel does exactly
+//! that per element, pixel by pixel, sample by sample and chunk by chunk, with register tiles
+//! of the running sums held across the whole batch: no partial-gradient buffers (9.4 MB per
+//! chunk on VGG-16's 512-channel layers), no pass adding them up. Threads split the output
+//! channels, so the result does not depend on their number.
+//!
+//! It applies only where gemm would take that micro-kernel: at least 3 pixels (gemm sums 1 or 2
+//! another way), a product of more than 16×16 elements (smaller ones go to a horizontal kernel),
+//! and an AVX-512 CPU (gemm then runs fused multiply-adds, as on any x86-64 with FMA).
+
+use rayon::prelude::*;
+
+use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, im2col, sum};
+use crate::kernels::isa::{Isa, uses};
+
+/// Floats per AVX-512 vector.
+const LANES: usize = 16;
+/// Rows (the weight's `c_in·kh·kw` axis) per register tile: two vectors.
+const ROW_TILE: usize = 2 * LANES;
+/// Output channels per register tile: 4 × 2 sums each for the sample, the chunk and the batch,
+/// plus 2 loads and a broadcast, fill 27 of the 32 vector registers.
+const CHANNEL_TILE: usize = 4;
+/// Output channels per task: a task streams the column matrices once, so fewer, larger tasks
+/// read less (the rows of one tile for every sample stay in L2 across its channels).
+const CHANNELS_PER_TASK: usize = 64;
+/// The largest map this kernel takes; bigger ones keep gemm, which is efficient there.
+const MAX_PIXELS: usize = 16;
+
+/// Whether [`weight_grad`] computes `g`'s weight gradient (see the module docs).
+pub(super) fn applies(g: &Conv2dGeometry) -> bool {
+    let pixels = g.out_plane();
+    cfg!(target_arch = "x86_64")
+        && g.batch > 0
+        && (3..=MAX_PIXELS).contains(&pixels)
+        && g.c_out >= 2
+        && g.col_rows() >= 2
+        && g.c_out * g.col_rows() > 16 * 16
+        && uses(Isa::Avx512)
+}
+
+/// The weight gradient `[c_out, c_in·kh·kw]` and the bias gradient: the same bits as
+/// `cpu::im2col_conv2d_weight_grad`.
+pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (rows, pixels) = (g.col_rows(), g.out_plane());
+    let stride = rows.next_multiple_of(ROW_TILE);
+    // The column matrices transposed, `[batch][pixels][stride]`: a pixel's rows are contiguous
+    // (zeros past `rows`), so a tile reads them as whole vectors.
+    let mut cols_t = super::par_zeroed(g.batch * pixels * stride);
+    cols_t
+        .par_chunks_mut(pixels * stride)
+        .zip(x.par_chunks(g.input_len()))
+        .for_each_init(
+            || g.col_buffer(),
+            |col, (dst, x_n)| {
+                let cols: &[f32] = if g.is_pointwise() {
+                    x_n
+                } else {
+                    im2col(g, x_n, col);
+                    col
+                };
+                for (r, row) in cols.chunks_exact(pixels).take(rows).enumerate() {
+                    for (p, &v) in row.iter().enumerate() {
+                        dst[p * stride + r] = v;
+                    }
+                }
+            },
+        );
+    // The bias gradient as the im2col path sums it: per chunk from zero, then chunk by chunk.
+    let mut db = vec![0.0f32; g.c_out];
+    for (c, chunk) in dy.chunks(WEIGHT_GRAD_CHUNK * g.output_len()).enumerate() {
+        let mut part = vec![0.0f32; g.c_out];
+        for dy_n in chunk.chunks(g.output_len()) {
+            for (b, plane) in part.iter_mut().zip(dy_n.chunks(pixels)) {
+                *b += sum(plane);
+            }
+        }
+        if c == 0 {
+            db = part;
+        } else {
+            db.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
+        }
+    }
+    let mut dw = super::par_zeroed(g.c_out * rows);
+    let shape = Shape {
+        c_out: g.c_out,
+        rows,
+        stride,
+        pixels,
+        batch: g.batch,
+    };
+    dw.par_chunks_mut(CHANNELS_PER_TASK * rows)
+        .enumerate()
+        .for_each(|(task, out)| {
+            let first = task * CHANNELS_PER_TASK;
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `applies` checked AVX-512F; `Shape` describes the buffers built above.
+            unsafe {
+                avx512::channels(&shape, first..first + out.len() / rows, dy, &cols_t, out);
+            }
+        });
+    (dw, db)
+}
+
+/// The sizes the kernel needs.
+struct Shape {
+    c_out: usize,
+    rows: usize,
+    /// Row stride of the transposed column matrices: `rows` rounded up to [`ROW_TILE`].
+    stride: usize,
+    pixels: usize,
+    batch: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{CHANNEL_TILE, LANES, ROW_TILE, Shape, WEIGHT_GRAD_CHUNK};
+    use std::arch::x86_64::*;
+
+    /// `out[co − first, r] = Σ_chunks Σ_n∈chunk (Σ_p dy[n, co, p] · cols_t[n, p, r])` for the
+    /// output channels `channels`: each pixel sum an FMA chain from zero in pixel order, each
+    /// chunk's sum left to right from its first sample's, the chunks' sums left to right.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `dy` holds `batch · c_out · pixels` floats, `cols_t`
+    /// `batch · pixels · stride` with `stride` a multiple of [`ROW_TILE`] and at least `rows`,
+    /// `channels` lies within `c_out`, and `out` holds `channels.len() · rows` floats.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn channels(
+        s: &Shape,
+        channels: std::ops::Range<usize>,
+        dy: &[f32],
+        cols_t: &[f32],
+        out: &mut [f32],
+    ) {
+        let Shape {
+            c_out,
+            rows,
+            stride,
+            pixels,
+            batch,
+        } = *s;
+        assert!(dy.len() >= batch * c_out * pixels && cols_t.len() >= batch * pixels * stride);
+        assert!(stride % ROW_TILE == 0 && stride >= rows && channels.end <= c_out);
+        assert!(out.len() >= channels.len() * rows);
+        let add = |a: [[__m512; 2]; CHANNEL_TILE], b: &[[__m512; 2]; CHANNEL_TILE]| {
+            std::array::from_fn(|j| {
+                [
+                    _mm512_add_ps(a[j][0], b[j][0]),
+                    _mm512_add_ps(a[j][1], b[j][1]),
+                ]
+            })
+        };
+        // SAFETY: the asserts bound every load; stores are masked to `rows` and `channels`.
+        unsafe {
+            for r0 in (0..rows).step_by(ROW_TILE) {
+                // Lanes of each vector that are real rows (the rest are padding).
+                let masks: [__mmask16; 2] = std::array::from_fn(|v| {
+                    let left = rows.saturating_sub(r0 + v * LANES).min(LANES);
+                    ((1u32 << left) - 1) as __mmask16
+                });
+                for co0 in channels.clone().step_by(CHANNEL_TILE) {
+                    // A partial channel tile repeats the last channel; its sums are dropped.
+                    let co: [usize; CHANNEL_TILE] =
+                        std::array::from_fn(|j| (co0 + j).min(channels.end - 1));
+                    let mut batch_sum = [[_mm512_setzero_ps(); 2]; CHANNEL_TILE];
+                    for c0 in (0..batch).step_by(WEIGHT_GRAD_CHUNK) {
+                        let mut chunk_sum = [[_mm512_setzero_ps(); 2]; CHANNEL_TILE];
+                        for n in c0..(c0 + WEIGHT_GRAD_CHUNK).min(batch) {
+                            let mut acc = [[_mm512_setzero_ps(); 2]; CHANNEL_TILE];
+                            let d = dy.as_ptr().add(n * c_out * pixels);
+                            for p in 0..pixels {
+                                let c = cols_t.as_ptr().add((n * pixels + p) * stride + r0);
+                                let v = [_mm512_loadu_ps(c), _mm512_loadu_ps(c.add(LANES))];
+                                for (a, &o) in acc.iter_mut().zip(&co) {
+                                    let w = _mm512_set1_ps(*d.add(o * pixels + p));
+                                    a[0] = _mm512_fmadd_ps(w, v[0], a[0]);
+                                    a[1] = _mm512_fmadd_ps(w, v[1], a[1]);
+                                }
+                            }
+                            chunk_sum = if n == c0 { acc } else { add(chunk_sum, &acc) };
+                        }
+                        batch_sum = if c0 == 0 {
+                            chunk_sum
+                        } else {
+                            add(batch_sum, &chunk_sum)
+                        };
+                    }
+                    let first = channels.start;
+                    for (j, t) in batch_sum.iter().enumerate().take(channels.end - co0) {
+                        let dst = out.as_mut_ptr().add((co0 - first + j) * rows + r0);
+                        _mm512_mask_storeu_ps(dst, masks[0], t[0]);
+                        _mm512_mask_storeu_ps(dst.add(LANES), masks[1], t[1]);
+                    }
+                }
+            }
+        }
+    }
+}
