@@ -8,8 +8,8 @@ threads, times evaluation (batch 500) on T threads and, with `--round KxE`, a Fe
 clients x E epochs one after another, then FedMR's per-tensor recombination). Given `--fl PATH`
 (the release binary) it runs `fl bench` with the same settings per model and input shape and
 prints the ratios in one Markdown table. Every row also gives the training cost in GFLOP per
-sample (three times the forward pass's, by PyTorch's FLOP counter: 2 FLOPs per multiply-add)
-and, given `--peak` (per thread, GFLOP/s: the first line of `fl bench --kernels`),
+sample (three times the forward pass's multiply-adds, 2 FLOPs each, counting only kernel taps
+that read the input rather than its zero padding) and, given `--peak` (per thread, GFLOP/s: the first line of `fl bench --kernels`),
 each side's share of the T threads' multiply-add peak: the fastest any implementation doing the
 same arithmetic could train is 100%.
 
@@ -34,7 +34,6 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 
 class Cnn(nn.Module):
@@ -342,6 +341,40 @@ MODELS = {
 }
 
 
+def valid_taps(size, kernel, stride, pad, dilation):
+    """Kernel taps over all outputs of one axis that read the input, not its zero padding."""
+    out = (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+    return sum(1 for o in range(out) for k in range(kernel)
+               if 0 <= o * stride + k * dilation - pad < size)
+
+
+def forward_macs(model, shape):
+    """Multiply-adds of one sample's forward pass through the convolutions and linear layers,
+    counting only kernel taps that read the input: a product with a padding zero is no work
+    (oneDNN skips it; on VGG-16's 2x2 maps that is 56% of the taps). Training costs three
+    times this (forward, input and weight gradients; the first layer's input gradient, which
+    neither side computes, is a small overcount)."""
+    total = [0]
+
+    def conv(m, inp, _):
+        (_, c, h, w) = inp[0].shape
+        taps = (valid_taps(h, m.kernel_size[0], m.stride[0], m.padding[0], m.dilation[0])
+                * valid_taps(w, m.kernel_size[1], m.stride[1], m.padding[1], m.dilation[1]))
+        total[0] += m.out_channels * (c // m.groups) * taps
+
+    def linear(m, _, __):
+        total[0] += m.in_features * m.out_features
+
+    hooks = [m.register_forward_hook(conv) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    hooks += [m.register_forward_hook(linear) for m in model.modules()
+              if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        model.eval()(torch.zeros(1, *shape))
+    for h in hooks:
+        h.remove()
+    return total[0]
+
+
 def train(model, images, labels, epochs, batch=50):
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     model.train()
@@ -391,13 +424,7 @@ def measure(name, shape, samples, threads, rounds):
         return train(model, images[sl], labels[sl], e)
 
     out = {"model": name, "params": params, "train": {}}
-    # Training costs three forward passes of multiply-adds (forward, input and weight
-    # gradients; both sides skip the first layer's input gradient, a small overcount). Counted
-    # on the forward pass: PyTorch's counter ignores the groups of a convolution's backward,
-    # which would count each depthwise layer's gradients as a dense convolution's.
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        make()(images[:50])
-    out["gflop"] = 3 * counter.get_total_flops() / 50 / 1e9
+    out["gflop"] = 3 * 2 * forward_macs(make(), shape) / 1e9
     for t in threads:
         torch.set_num_threads(t)
         client(0, 1)  # warm-up
