@@ -53,8 +53,10 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
 pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let (rows, pixels) = (g.col_rows(), g.out_plane());
     let stride = rows.next_multiple_of(ROW_TILE);
+    let layout = Layout::new(g);
     // The column matrices transposed, `[batch][pixels][stride]`: a pixel's rows are contiguous
-    // (zeros past `rows`), so a tile reads them as whole vectors.
+    // (zeros past `rows`), so a tile reads them as whole vectors; tap-major rows
+    // (`tap · c_in + ci`) where the layout says so.
     let mut cols_t = super::par_zeroed(g.batch * pixels * stride);
     cols_t
         .par_chunks_mut(pixels * stride)
@@ -69,6 +71,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
                     col
                 };
                 for (r, row) in cols.chunks_exact(pixels).take(rows).enumerate() {
+                    let r = layout.row(r / layout.taps, r % layout.taps);
                     for (p, &v) in row.iter().enumerate() {
                         dst[p * stride + r] = v;
                     }
@@ -103,12 +106,105 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
         .for_each(|(task, out)| {
             let first = task * CHANNELS_PER_TASK;
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `applies` checked AVX-512F; `Shape` describes the buffers built above.
+            // SAFETY: `applies` checked AVX-512F; `Shape` and `layout` describe the buffers
+            // built above.
             unsafe {
-                avx512::channels(&shape, first..first + out.len() / rows, dy, &cols_t, out);
+                let channels = first..first + out.len() / rows;
+                avx512::channels(&shape, &layout, channels, dy, &cols_t, out);
             }
+            layout.to_weight_order(out, rows);
         });
     (dw, db)
+}
+
+/// The row order of the transposed column matrices, and which pixels each register tile sums.
+///
+/// Rows come in the weight's order (`ci · taps + tap`) unless every input channel run of a tap
+/// fills whole tiles (`c_in` a multiple of [`ROW_TILE`], and some tap reads padding): then
+/// tap-major (`tap · c_in + ci`), so every tile belongs to one kernel tap and skips the pixels
+/// where that tap reads the zero padding. Those products are zeros added to sums that start at
+/// +0 and so never are −0: skipping them changes no bit (with finite gradients). On VGG-16's
+/// 2×2 maps that is 56% of the multiply-adds, on its 4×4 maps 31%.
+pub(super) struct Layout {
+    /// Tap-major rows.
+    pub(super) tap_major: bool,
+    c_in: usize,
+    taps: usize,
+    /// Per tap (one list for all in the weight order), the pixels whose input it reads.
+    pixels: Vec<Vec<usize>>,
+}
+
+impl Layout {
+    pub(super) fn new(g: &Conv2dGeometry) -> Self {
+        let [kh, kw] = g.kernel;
+        let [oh, ow] = g.output;
+        let [h, w] = g.input;
+        let inside = |o: usize, k: usize, s: usize, pad: usize, size: usize| {
+            (o * s + k).checked_sub(pad).is_some_and(|i| i < size)
+        };
+        let per_tap: Vec<Vec<usize>> = (0..kh * kw)
+            .map(|t| {
+                let (ky, kx) = (t / kw, t % kw);
+                (0..oh * ow)
+                    .filter(|p| {
+                        inside(p / ow, ky, g.stride[0], g.pad_begin[0], h)
+                            && inside(p % ow, kx, g.stride[1], g.pad_begin[1], w)
+                    })
+                    .collect()
+            })
+            .collect();
+        let skips = per_tap.iter().any(|p| p.len() < oh * ow);
+        if skips && g.c_in.is_multiple_of(ROW_TILE) {
+            Layout {
+                tap_major: true,
+                c_in: g.c_in,
+                taps: kh * kw,
+                pixels: per_tap,
+            }
+        } else {
+            Layout {
+                tap_major: false,
+                c_in: g.c_in,
+                taps: kh * kw,
+                pixels: vec![(0..oh * ow).collect()],
+            }
+        }
+    }
+
+    /// Where the weight's row of input channel `ci` and tap `tap` lives in the transposed
+    /// column matrices.
+    fn row(&self, ci: usize, tap: usize) -> usize {
+        if self.tap_major {
+            tap * self.c_in + ci
+        } else {
+            ci * self.taps + tap
+        }
+    }
+
+    /// The pixels a tile starting at row `r0` sums over.
+    fn tile_pixels(&self, r0: usize) -> &[usize] {
+        if self.tap_major {
+            &self.pixels[r0 / self.c_in]
+        } else {
+            &self.pixels[0]
+        }
+    }
+
+    /// Puts each `rows`-long channel row of `out` back into the weight's order.
+    fn to_weight_order(&self, out: &mut [f32], rows: usize) {
+        if !self.tap_major {
+            return;
+        }
+        let mut tmp = vec![0.0f32; rows];
+        for row in out.chunks_exact_mut(rows) {
+            tmp.copy_from_slice(row);
+            for (ci, taps) in row.chunks_exact_mut(self.taps).enumerate() {
+                for (tap, v) in taps.iter_mut().enumerate() {
+                    *v = tmp[tap * self.c_in + ci];
+                }
+            }
+        }
+    }
 }
 
 /// The sizes the kernel needs.
@@ -123,20 +219,23 @@ struct Shape {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{CHANNEL_TILE, LANES, ROW_TILE, Shape, WEIGHT_GRAD_CHUNK};
+    use super::{CHANNEL_TILE, LANES, Layout, ROW_TILE, Shape, WEIGHT_GRAD_CHUNK};
     use std::arch::x86_64::*;
 
     /// `out[co − first, r] = Σ_chunks Σ_n∈chunk (Σ_p dy[n, co, p] · cols_t[n, p, r])` for the
-    /// output channels `channels`: each pixel sum an FMA chain from zero in pixel order, each
-    /// chunk's sum left to right from its first sample's, the chunks' sums left to right.
+    /// output channels `channels`, rows in `layout`'s order: each pixel sum an FMA chain from
+    /// zero in pixel order over the tile's pixels, each chunk's sum left to right from its first
+    /// sample's, the chunks' sums left to right.
     ///
     /// # Safety
     /// The CPU supports AVX-512F; `dy` holds `batch · c_out · pixels` floats, `cols_t`
     /// `batch · pixels · stride` with `stride` a multiple of [`ROW_TILE`] and at least `rows`,
-    /// `channels` lies within `c_out`, and `out` holds `channels.len() · rows` floats.
+    /// `channels` lies within `c_out`, `out` holds `channels.len() · rows` floats, and `layout`'s
+    /// pixels are below `pixels`.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn channels(
         s: &Shape,
+        layout: &Layout,
         channels: std::ops::Range<usize>,
         dy: &[f32],
         cols_t: &[f32],
@@ -163,6 +262,7 @@ mod avx512 {
         // SAFETY: the asserts bound every load; stores are masked to `rows` and `channels`.
         unsafe {
             for r0 in (0..rows).step_by(ROW_TILE) {
+                let tile_pixels = layout.tile_pixels(r0);
                 // Lanes of each vector that are real rows (the rest are padding).
                 let masks: [__mmask16; 2] = std::array::from_fn(|v| {
                     let left = rows.saturating_sub(r0 + v * LANES).min(LANES);
@@ -178,7 +278,7 @@ mod avx512 {
                         for n in c0..(c0 + WEIGHT_GRAD_CHUNK).min(batch) {
                             let mut acc = [[_mm512_setzero_ps(); 2]; CHANNEL_TILE];
                             let d = dy.as_ptr().add(n * c_out * pixels);
-                            for p in 0..pixels {
+                            for &p in tile_pixels {
                                 let c = cols_t.as_ptr().add((n * pixels + p) * stride + r0);
                                 let v = [_mm512_loadu_ps(c), _mm512_loadu_ps(c.add(LANES))];
                                 for (a, &o) in acc.iter_mut().zip(&co) {

@@ -261,6 +261,11 @@ fn small_map_weight_gradients_are_gemms_bits() {
         geometry([11, 8, 4, 4], [7, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([5, 6, 7, 7], [33, 3, 3], [2, 2], [(0, 0), (0, 0)]),
         geometry([10, 21, 4, 4], [70, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        // Input channels in whole row tiles: tap-major rows, padding taps skipped (a strided
+        // layer and asymmetric padding too).
+        geometry([11, 32, 2, 2], [40, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([9, 64, 3, 3], [20, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([5, 32, 5, 6], [18, 3, 3], [2, 2], [(1, 1), (0, 2)]),
     ];
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let _guard = crate::kernels::isa::test_lock();
@@ -269,6 +274,11 @@ fn small_map_weight_gradients_are_gemms_bits() {
             narrow::applies(g),
             Isa::active() == Isa::Avx512,
             "{g:?}: small map"
+        );
+        assert_eq!(
+            narrow::Layout::new(g).tap_major,
+            g.c_in % 32 == 0,
+            "{g:?}: row order"
         );
         let x = values(g.batch * g.input_len(), 21);
         let dy = values(g.batch * g.output_len(), 22);
