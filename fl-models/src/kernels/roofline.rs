@@ -128,16 +128,17 @@ impl ConvShape {
         }
     }
 
-    /// Multiply-adds of one pass over one sample (each of forward, input and weight gradient).
+    /// Multiply-adds of one pass over one sample (each of forward, input and weight gradient),
+    /// dense: taps that read the zero padding count too, as the rates' usual convention.
     pub fn macs(&self) -> usize {
         let out = self.size + 2 * self.padding + 1 - self.kernel;
         self.c_in * self.c_out * self.kernel * self.kernel * out * out
     }
 }
 
-/// Throughput of the kernels on one [`ConvShape`], in GFLOP/s of the convolution's own
-/// multiply-adds (the direct kernels' wasted columns and im2col's copies count as time, not
-/// work).
+/// Throughput of the kernels on one [`ConvShape`], in GFLOP/s of the convolution's dense
+/// multiply-adds ([`ConvShape::macs`]; the direct kernels' wasted columns and im2col's copies
+/// count as time, not work).
 #[derive(Debug, Clone, Copy)]
 pub struct ConvRate {
     /// The shape measured.
