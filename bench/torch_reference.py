@@ -481,7 +481,7 @@ def main():
     p.add_argument("--round", metavar="KxE", help="also time a FedMR round of K clients x E epochs")
     p.add_argument("--fl", help="path of the fl binary: also run `fl bench` and print ratios")
     p.add_argument("--peak", type=float, metavar="GFLOPS",
-                   help="multiply-add peak per thread: adds each side's share of it (2t)")
+                   help="multiply-add peak per thread: adds each side's share of the --threads peak")
     a = p.parse_args()
     models = list(MODELS) if a.models == "all" else a.models.split(",")
     inputs = [tuple(int(d) for d in s.split("x")) for s in a.inputs.split(",")]

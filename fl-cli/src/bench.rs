@@ -422,8 +422,7 @@ pub fn bench_kernels(threads: Option<usize>) -> anyhow::Result<()> {
     #[cfg(feature = "flex")]
     {
         use fl_models::kernels::roofline::{ConvShape, conv_rates, fma_peak_gflops};
-        let threads =
-            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let threads = threads.unwrap_or_else(crate::config::default_threads);
         anyhow::ensure!(threads > 0, "--threads must be at least 1");
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

@@ -147,7 +147,8 @@ pub struct RunSettings {
 
 defaults_from_flags!(RunSettings);
 
-fn default_threads() -> usize {
+/// All cores: the default of `--threads`.
+pub(crate) fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 

@@ -428,8 +428,7 @@ fn main() -> ExitCode {
             .collect::<Result<Vec<_>, _>>()
             .map_err(anyhow::Error::from)
             .and_then(|models| {
-                let threads = threads
-                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+                let threads = threads.unwrap_or_else(config::default_threads);
                 let args = if quick {
                     bench::BenchArgs {
                         input,

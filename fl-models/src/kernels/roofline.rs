@@ -131,8 +131,7 @@ impl ConvShape {
     /// Multiply-adds of one pass over one sample (each of forward, input and weight gradient),
     /// dense: taps that read the zero padding count too, as the rates' usual convention.
     pub fn macs(&self) -> usize {
-        let out = self.size + 2 * self.padding + 1 - self.kernel;
-        self.c_in * self.c_out * self.kernel * self.kernel * out * out
+        self.c_in * self.c_out * self.kernel * self.kernel * self.geometry(1).out_plane()
     }
 }
 

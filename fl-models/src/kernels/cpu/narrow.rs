@@ -78,21 +78,18 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
                 }
             },
         );
-    // The bias gradient as the im2col path sums it: per chunk from zero, then chunk by chunk.
-    let mut db = vec![0.0f32; g.c_out];
-    for (c, chunk) in dy.chunks(WEIGHT_GRAD_CHUNK * g.output_len()).enumerate() {
-        let mut part = vec![0.0f32; g.c_out];
-        for dy_n in chunk.chunks(g.output_len()) {
-            for (b, plane) in part.iter_mut().zip(dy_n.chunks(pixels)) {
+    // The bias gradient through the im2col path's own chunking (no weight partials).
+    let (_, db) = super::sum_over_chunks(g.batch, |samples| {
+        let mut db = vec![0.0f32; g.c_out];
+        for dy_n in
+            dy[samples.start * g.output_len()..samples.end * g.output_len()].chunks(g.output_len())
+        {
+            for (b, plane) in db.iter_mut().zip(dy_n.chunks(pixels)) {
                 *b += sum(plane);
             }
         }
-        if c == 0 {
-            db = part;
-        } else {
-            db.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
-        }
-    }
+        (Vec::new(), db)
+    });
     let mut dw = super::par_zeroed(g.c_out * rows);
     let shape = Shape {
         c_out: g.c_out,
