@@ -142,8 +142,8 @@ impl ConvShape {
 pub struct ConvRate {
     /// The shape measured.
     pub shape: ConvShape,
-    /// The kernels that ran it: `direct`, or `im2col + gemm` (with the weight gradient's
-    /// small-map kernel on maps of 3–16 pixels).
+    /// The kernels that ran it: `direct`, `im2col + gemm`, or for the forward pass and input
+    /// gradient of maps up to 8×8 `across samples` (each with the weight gradient's path).
     pub path: &'static str,
     /// Forward pass.
     pub forward: f64,
@@ -179,12 +179,17 @@ pub fn conv_rates(shape: ConvShape, batch: usize, seconds: f64) -> ConvRate {
     };
     ConvRate {
         shape,
-        path: if super::direct::applies(&g) {
-            "direct"
-        } else if cpu::narrow_applies(&g) {
-            "im2col + gemm; small-map weight gradient"
-        } else {
-            "im2col + gemm"
+        path: match (
+            cpu::lanes_apply(&g),
+            super::direct::applies(&g),
+            cpu::narrow_applies(&g),
+        ) {
+            (true, true, _) => "across samples; direct weight gradient",
+            (true, false, true) => "across samples; small-map weight gradient",
+            (true, false, false) => "across samples; im2col + gemm weight gradient",
+            (false, true, _) => "direct",
+            (false, false, true) => "im2col + gemm; small-map weight gradient",
+            (false, false, false) => "im2col + gemm",
         },
         forward: rate(&|| drop(std::hint::black_box(cpu::conv2d_forward(&g, &x, &w, None)))),
         input_grad: rate(&|| drop(std::hint::black_box(cpu::conv2d_input_grad(&g, &w, &dy)))),

@@ -40,6 +40,7 @@ macro_rules! best_isa {
 
 mod act;
 mod depthwise;
+mod lanes;
 mod narrow;
 mod norm;
 mod pool;
@@ -418,8 +419,13 @@ pub fn conv2d_forward(
     weight: &[f32],
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
-    if g.batch > 0 && g.input_len() > 0 && super::direct::applies(g) {
-        return super::direct::conv2d_forward(g, x, weight, bias);
+    if g.batch > 0 && g.input_len() > 0 {
+        if let Some(order) = lanes::Order::for_geometry(g, bias) {
+            return lanes::forward(g, x, weight, bias, order);
+        }
+        if super::direct::applies(g) {
+            return super::direct::conv2d_forward(g, x, weight, bias);
+        }
     }
     im2col_conv2d_forward(g, x, weight, bias)
 }
@@ -535,8 +541,13 @@ fn forward_sample(
 
 /// Input gradient: `dx[n] = col2im(Wᵀ · dy[n])`.
 pub fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    if g.batch > 0 && g.input_len() > 0 && super::direct::applies(g) {
-        return super::direct::conv2d_input_grad(g, weight, dy);
+    if g.batch > 0 && g.input_len() > 0 {
+        if let Some(order) = lanes::Order::for_geometry(g, None) {
+            return lanes::input_grad(g, weight, dy, order);
+        }
+        if super::direct::applies(g) {
+            return super::direct::conv2d_input_grad(g, weight, dy);
+        }
     }
     im2col_conv2d_input_grad(g, weight, dy)
 }
@@ -631,6 +642,12 @@ fn input_grad_sample(
     if !pointwise {
         col2im_add(g, col, dx_n);
     }
+}
+
+/// Whether the forward pass and input gradient of `g` run vectorised across samples (`fl bench
+/// --kernels`).
+pub(crate) fn lanes_apply(g: &Conv2dGeometry) -> bool {
+    lanes::Order::for_geometry(g, None).is_some()
 }
 
 /// Whether the weight gradient of `g` runs the small-map kernel (`fl bench --kernels`).

@@ -297,6 +297,71 @@ fn small_map_weight_gradients_are_gemms_bits() {
 }
 
 #[test]
+fn small_map_convolutions_across_samples_keep_their_paths_bits() {
+    // CNN3's and VGG-16's small maps: the direct kernels' order (8×8), gemm's with several depth
+    // blocks (7×7 and 3×3 under 5×5 kernels: 3,200 rows), a strided layer with asymmetric
+    // padding, input gradients over two blocks of output channels (600), batches that leave
+    // part of the last vector empty.
+    let shapes = [
+        geometry([40, 64, 8, 8], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([40, 128, 7, 7], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([16, 128, 3, 3], [256, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([45, 32, 4, 4], [48, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([40, 16, 4, 4], [32, 5, 5], [2, 2], [(2, 1), (1, 2)]),
+        geometry([24, 16, 2, 2], [600, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+    ];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let first_difference =
+        |a: &[f32], b: &[f32]| bits(a).iter().zip(bits(b)).position(|(x, y)| *x != y);
+    let _guard = crate::kernels::isa::test_lock();
+    for g in &shapes {
+        let direct = crate::kernels::direct::applies(g);
+        let order = lanes::Order::for_geometry(g, None);
+        assert_eq!(order.is_some(), Isa::active() == Isa::Avx512, "{g:?}");
+        let x = values(g.batch * g.input_len(), 31);
+        let w = values(g.weight_len(), 32);
+        let b = values(g.c_out, 33);
+        let dy = values(g.batch * g.output_len(), 34);
+        for bias in [Some(&b[..]), None] {
+            let y = conv2d_forward(g, &x, &w, bias);
+            let y_ref = if direct {
+                crate::kernels::direct::conv2d_forward(g, &x, &w, bias)
+            } else {
+                im2col_conv2d_forward(g, &x, &w, bias)
+            };
+            assert_eq!(y.len(), y_ref.len());
+            assert_eq!(first_difference(&y, &y_ref), None, "{g:?}: forward");
+        }
+        close(
+            &conv2d_forward(g, &x, &w, Some(&b)),
+            &naive_conv(g, &x, &w, &b),
+        );
+        let dx = conv2d_input_grad(g, &w, &dy);
+        let dx_ref = if direct {
+            crate::kernels::direct::conv2d_input_grad(g, &w, &dy)
+        } else {
+            im2col_conv2d_input_grad(g, &w, &dy)
+        };
+        assert_eq!(dx.len(), dx_ref.len());
+        assert_eq!(
+            first_difference(&dx, &dx_ref),
+            None,
+            "{g:?}: input gradient"
+        );
+    }
+    // A direct-path bias holding −0 would be turned into +0 by the padding products this
+    // kernel skips; and gemm blocks that differ between sample groups (a last group of 8
+    // samples makes a product small enough for gemm's fixed 512-deep blocks): both keep the
+    // old path.
+    let g = &shapes[0];
+    let mut b = values(g.c_out, 35);
+    b[3] = -0.0;
+    assert_eq!(lanes::Order::for_geometry(g, Some(&b)), None);
+    let g = geometry([40, 64, 2, 2], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]);
+    assert_eq!(lanes::Order::for_geometry(&g, None), None);
+}
+
+#[test]
 fn results_do_not_depend_on_the_thread_count() {
     // Both runs on the same instruction tier: other tests cap it while they hold this lock.
     let _guard = crate::kernels::isa::test_lock();

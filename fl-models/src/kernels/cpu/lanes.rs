@@ -1,0 +1,427 @@
+//! Forward passes and input gradients of convolutions on small feature maps (at most 8×8
+//! outputs: CNN2–CNN4's 8×8, 7×7, 4×4 and 3×3 maps, VGG-16's 4×4 and 2×2), vectorised across
+//! 16 samples instead of across pixels, bit for bit the path they replace.
+//!
+//! On a small map most border pixels read the zero padding with many of their taps: a 5×5
+//! kernel on a 7×7 map spends 31% of its multiply-adds on it, on 3×3 64%, a 3×3 kernel on 2×2
+//! 56%; the direct kernels' wide rows add a third to a half more on 8×8 maps. Sixteen samples at
+//! one pixel read the padding with the same taps, so a vector of them skips exactly those, and
+//! no product is spent on thrown-away columns or column matrices.
+//!
+//! Each sum keeps the order of additions of the path the layer would otherwise take:
+//! - the direct kernels (`direct.rs`): the forward pass an FMA chain from the bias over the taps
+//!   in weight order; the input gradient, tap by tap in (ky, kx) order, a chain over the output
+//!   channels from zero added onto the gradient;
+//! - im2col + gemm: gemm splits its inner dimension into depth blocks (`kc`, sized from the L1
+//!   cache: `gemm_common::cache::kernel_params`, which [`Order::for_geometry`] calls too), chains
+//!   each block from zero and adds it onto the output (the forward pass's bias first, the input
+//!   gradient's column entries from zero); col2im then adds a pixel's taps in (ky, kx) order.
+//!
+//! A skipped product is a zero added to a sum that is never −0 (chains start at +0, or at the
+//! bias: a bias holding −0 keeps the direct kernel), so skipping it changes no bit (with finite
+//! weights). Threads split samples and channels; no sum crosses a task, so the result does not
+//! depend on their number.
+
+use rayon::prelude::*;
+
+use super::{Conv2dGeometry, par_zeroed};
+use crate::kernels::isa::{Isa, uses};
+
+/// Samples per vector (AVX-512 lanes).
+const LANES: usize = 16;
+/// Channels per register tile: 16 running sums, one vector of samples, the broadcasts folded
+/// into the multiply-adds.
+const TILE: usize = 16;
+/// The largest map this kernel takes (8×8); bigger maps waste little on padding.
+const MAX_PIXELS: usize = 64;
+/// gemm's AVX-512 register tile for `f32` (`gemm-f32`: 4 vectors of 16 rows × 6 columns), which
+/// its depth blocks depend on.
+const GEMM_MR: usize = 64;
+const GEMM_NR: usize = 6;
+
+/// The order of additions to reproduce (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Order {
+    /// The forward chain starts from the bias (direct kernels) rather than adding it first.
+    from_bias: bool,
+    /// Forward depth block over `c_in·kh·kw` (the whole depth for the direct kernels).
+    forward_kc: usize,
+    /// Input-gradient depth block over `c_out`.
+    input_kc: usize,
+}
+
+impl Order {
+    /// The order of the path `g` takes without this kernel, or `None` where this kernel does
+    /// not apply (see [`applies`]) or cannot reproduce it: gemm blocks that differ between the
+    /// im2col path's sample groups, or a bias holding −0 on the direct path.
+    pub(super) fn for_geometry(g: &Conv2dGeometry, bias: Option<&[f32]>) -> Option<Self> {
+        if !applies(g) {
+            return None;
+        }
+        let rows = g.col_rows();
+        if crate::kernels::direct::applies(g) {
+            let negative_zero = bias.is_some_and(|b| b.iter().any(|v| v.to_bits() == 1 << 31));
+            return (!negative_zero).then_some(Order {
+                from_bias: true,
+                forward_kc: rows,
+                input_kc: g.c_out,
+            });
+        }
+        // The im2col path runs one gemm per group of samples; the last group may be narrower.
+        let group = g.group();
+        let mut widths = vec![group.min(g.batch) * g.out_plane()];
+        if g.batch > group && !g.batch.is_multiple_of(group) {
+            widths.push(g.batch % group * g.out_plane());
+        }
+        let blocks = |m: usize, k: usize| {
+            let kcs: Vec<usize> = widths.iter().map(|&n| gemm_depth_block(m, n, k)).collect();
+            kcs.iter().all(|&kc| kc == kcs[0]).then_some(kcs[0])
+        };
+        Some(Order {
+            from_bias: false,
+            forward_kc: blocks(g.c_out, rows)?,
+            input_kc: blocks(rows, g.c_out)?,
+        })
+    }
+}
+
+/// The depth block gemm uses for an `m × n` product over `k` (`gemm-common`'s
+/// `gemm_basic_generic`: small products take blocks of 512, others `kernel_params`'s).
+fn gemm_depth_block(m: usize, n: usize, k: usize) -> usize {
+    if m <= 64 && n <= 64 {
+        k.min(512)
+    } else {
+        gemm_common::cache::kernel_params(m, n, k, GEMM_MR, GEMM_NR, size_of::<f32>()).kc
+    }
+}
+
+/// Whether this kernel takes `g`: an AVX-512 CPU, a map of at most [`MAX_PIXELS`] outputs whose
+/// taps read the padding at least a quarter of the time (below that, the direct kernels and gemm
+/// run as fast: measured on 8×8 maps under 3×3 kernels, 16% padding, `fl bench --kernels`),
+/// enough samples to fill three quarters of the vectors, and enough channels to fill three
+/// quarters of the tiles.
+fn applies(g: &Conv2dGeometry) -> bool {
+    let full = |n: usize, width: usize| n > 0 && 4 * n >= 3 * n.next_multiple_of(width);
+    cfg!(target_arch = "x86_64")
+        && (1..=MAX_PIXELS).contains(&g.out_plane())
+        && 4 * valid_taps_total(g) <= 3 * g.out_plane() * g.kernel[0] * g.kernel[1]
+        && full(g.batch, LANES)
+        && full(g.c_out, TILE)
+        && full(g.c_in, TILE)
+        && uses(Isa::Avx512)
+}
+
+/// The (pixel, tap) pairs of one channel whose tap reads the input, not the padding.
+fn valid_taps_total(g: &Conv2dGeometry) -> usize {
+    let axis = |a: usize| -> usize {
+        (0..g.output[a])
+            .map(|o| {
+                let (lo, hi) = valid_taps(o, g.kernel[a], g.stride[a], g.pad_begin[a], g.input[a]);
+                hi - lo
+            })
+            .sum()
+    };
+    axis(0) * axis(1)
+}
+
+/// `[batch, channels, pixels]` as `[groups][pixels·channels (in `order`)][LANES]`, zeros for
+/// the missing samples of the last group.
+fn to_lanes(
+    values: &[f32],
+    batch: usize,
+    channels: usize,
+    pixels: usize,
+    pixel_major: bool,
+) -> Vec<f32> {
+    let per_sample = channels * pixels;
+    let mut out = par_zeroed(batch.div_ceil(LANES) * per_sample * LANES);
+    out.par_chunks_mut(per_sample * LANES)
+        .zip(values.par_chunks(per_sample * LANES))
+        .for_each(|(dst, src)| {
+            for (lane, sample) in src.chunks_exact(per_sample).enumerate() {
+                for c in 0..channels {
+                    for p in 0..pixels {
+                        let at = if pixel_major {
+                            p * channels + c
+                        } else {
+                            c * pixels + p
+                        };
+                        dst[at * LANES + lane] = sample[c * pixels + p];
+                    }
+                }
+            }
+        });
+    out
+}
+
+/// The inverse of [`to_lanes`] for tiled results `[groups][tiles][pixels][TILE][LANES]`.
+fn from_lanes(tiled: &[f32], batch: usize, channels: usize, pixels: usize) -> Vec<f32> {
+    let tiles = channels.div_ceil(TILE);
+    let group_len = tiles * pixels * TILE * LANES;
+    let mut out = par_zeroed(batch * channels * pixels);
+    out.par_chunks_mut(channels * pixels)
+        .enumerate()
+        .for_each(|(n, dst)| {
+            let src = &tiled[n / LANES * group_len..][..group_len];
+            let lane = n % LANES;
+            for c in 0..channels {
+                let tile = &src[(c / TILE) * pixels * TILE * LANES..];
+                for p in 0..pixels {
+                    dst[c * pixels + p] = tile[(p * TILE + c % TILE) * LANES + lane];
+                }
+            }
+        });
+    out
+}
+
+/// The forward pass, the same contract and bits as `cpu::conv2d_forward` (with `order` from
+/// [`Order::for_geometry`]).
+pub(super) fn forward(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    order: Order,
+) -> Vec<f32> {
+    let rows = g.col_rows();
+    let tiles = g.c_out.div_ceil(TILE);
+    // Weights as [tiles][rows][TILE]: a tap's broadcasts read one cache line. Written in
+    // order on the thread pool (VGG-16's 9.4 MB weights at each call).
+    let mut packed = par_zeroed(tiles * rows * TILE);
+    packed
+        .par_chunks_mut(TILE)
+        .enumerate()
+        .for_each(|(i, dst)| {
+            let (tile, r) = (i / rows, i % rows);
+            for (t, v) in dst.iter_mut().enumerate().take(g.c_out - tile * TILE) {
+                *v = weight[(tile * TILE + t) * rows + r];
+            }
+        });
+    let mut bias_padded = vec![0.0f32; tiles * TILE];
+    if let Some(b) = bias {
+        bias_padded[..g.c_out].copy_from_slice(b);
+    }
+    let xs = to_lanes(x, g.batch, g.c_in, g.in_plane(), false);
+    let plane = g.out_plane();
+    let task_len = plane * TILE * LANES;
+    let mut out = par_zeroed(g.batch.div_ceil(LANES) * tiles * task_len);
+    out.par_chunks_mut(task_len)
+        .enumerate()
+        .for_each(|(task, dst)| {
+            let (group, tile) = (task / tiles, task % tiles);
+            let x_group = &xs[group * g.input_len() * LANES..][..g.input_len() * LANES];
+            let w_tile = &packed[tile * rows * TILE..][..rows * TILE];
+            let b_tile = &bias_padded[tile * TILE..][..TILE];
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `applies` checked AVX-512F; the slices above have the lengths
+            // `forward_tile` requires.
+            unsafe {
+                avx512::forward_tile(g, order, x_group, w_tile, b_tile, dst);
+            }
+        });
+    from_lanes(&out, g.batch, g.c_out, plane)
+}
+
+/// The input gradient, the same contract and bits as `cpu::conv2d_input_grad`.
+pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32], order: Order) -> Vec<f32> {
+    let taps = g.kernel[0] * g.kernel[1];
+    let tiles = g.c_in.div_ceil(TILE);
+    // Weights as [tiles][taps][c_out][TILE]: per output channel, a tap's input channels in one
+    // cache line.
+    let mut packed = par_zeroed(tiles * taps * g.c_out * TILE);
+    packed
+        .par_chunks_mut(TILE)
+        .enumerate()
+        .for_each(|(i, dst)| {
+            let (tile, tap, o) = (i / (taps * g.c_out), i / g.c_out % taps, i % g.c_out);
+            for (t, v) in dst.iter_mut().enumerate().take(g.c_in - tile * TILE) {
+                *v = weight[(o * g.c_in + tile * TILE + t) * taps + tap];
+            }
+        });
+    // Output gradients pixel-major, so a pixel's channels are consecutive vectors.
+    let dys = to_lanes(dy, g.batch, g.c_out, g.out_plane(), true);
+    let plane = g.in_plane();
+    let task_len = plane * TILE * LANES;
+    let mut out = par_zeroed(g.batch.div_ceil(LANES) * tiles * task_len);
+    out.par_chunks_mut(task_len)
+        .enumerate()
+        .for_each(|(task, dst)| {
+            let (group, tile) = (task / tiles, task % tiles);
+            let dy_group = &dys[group * g.output_len() * LANES..][..g.output_len() * LANES];
+            let w_tile = &packed[tile * taps * g.c_out * TILE..][..taps * g.c_out * TILE];
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in `forward`, for `input_grad_tile`.
+            unsafe {
+                avx512::input_grad_tile(g, order, dy_group, w_tile, dst);
+            }
+        });
+    from_lanes(&out, g.batch, g.c_in, plane)
+}
+
+/// The taps `[lo, hi)` along one axis whose input `o·stride + k − pad` lies inside `0..size`.
+fn valid_taps(o: usize, kernel: usize, stride: usize, pad: usize, size: usize) -> (usize, usize) {
+    let start = o * stride;
+    let lo = pad.saturating_sub(start).min(kernel);
+    let hi = (size + pad).saturating_sub(start).min(kernel);
+    (lo, hi.max(lo))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Conv2dGeometry, LANES, Order, TILE, valid_taps};
+    use std::arch::x86_64::*;
+
+    type Sums = [__m512; TILE];
+
+    /// Adds `sums` onto the [`TILE`] vectors at `dst`.
+    ///
+    /// # Safety
+    /// AVX-512F; `dst` points at `TILE · LANES` writable floats.
+    #[inline(always)]
+    unsafe fn add_onto(dst: *mut f32, sums: &Sums) {
+        for (t, s) in sums.iter().enumerate() {
+            // SAFETY: the caller upholds this function's contract.
+            unsafe {
+                let at = dst.add(t * LANES);
+                _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), *s));
+            }
+        }
+    }
+
+    /// One channel tile of one group of samples: `out[p][t][lane]` for every output pixel `p`.
+    ///
+    /// # Safety
+    /// AVX-512F; `x` holds the group's input `[c_in][h][w][LANES]`, `w` the tile's weights
+    /// `[c_in·kh·kw][TILE]`, `bias` [`TILE`] floats and `out` `out_plane · TILE · LANES`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn forward_tile(
+        g: &Conv2dGeometry,
+        order: Order,
+        x: &[f32],
+        w: &[f32],
+        bias: &[f32],
+        out: &mut [f32],
+    ) {
+        let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
+        let rows = g.c_in * kh * kw;
+        assert!(x.len() >= g.c_in * h * wd * LANES && w.len() >= rows * TILE);
+        assert!(bias.len() >= TILE && out.len() >= oh * ow * TILE * LANES);
+        let kc = order.forward_kc;
+        let blocks = rows.div_ceil(kc);
+        // SAFETY: the asserts bound every access: taps come from `valid_taps`, so every input
+        // read lies inside the image.
+        unsafe {
+            let bias: Sums = std::array::from_fn(|t| _mm512_set1_ps(bias[t]));
+            let zero = [_mm512_setzero_ps(); TILE];
+            for oy in 0..oh {
+                let (ky_lo, ky_hi) = valid_taps(oy, kh, g.stride[0], g.pad_begin[0], h);
+                for ox in 0..ow {
+                    let (kx_lo, kx_hi) = valid_taps(ox, kw, g.stride[1], g.pad_begin[1], wd);
+                    let dst = out.as_mut_ptr().add((oy * ow + ox) * TILE * LANES);
+                    // The output starts at the bias and takes each block's chain (gemm), or
+                    // is one chain from the bias (direct).
+                    let (first, mut sums) = if order.from_bias {
+                        (zero, bias)
+                    } else {
+                        (bias, zero)
+                    };
+                    for (t, v) in first.iter().enumerate() {
+                        _mm512_storeu_ps(dst.add(t * LANES), *v);
+                    }
+                    let mut block = 0;
+                    for c in 0..g.c_in {
+                        for ky in ky_lo..ky_hi {
+                            let iy = oy * g.stride[0] + ky - g.pad_begin[0];
+                            let row = (c * kh + ky) * kw;
+                            let ix0 = ox * g.stride[1] + kx_lo - g.pad_begin[1];
+                            let xs = x.as_ptr().add(((c * h + iy) * wd + ix0) * LANES);
+                            for kx in kx_lo..kx_hi {
+                                let k = row + kx;
+                                while k >= (block + 1) * kc {
+                                    add_onto(dst, &sums);
+                                    sums = zero;
+                                    block += 1;
+                                }
+                                let xv = _mm512_loadu_ps(xs.add((kx - kx_lo) * LANES));
+                                let wk = w.as_ptr().add(k * TILE);
+                                for (t, s) in sums.iter_mut().enumerate() {
+                                    *s = _mm512_fmadd_ps(_mm512_set1_ps(*wk.add(t)), xv, *s);
+                                }
+                            }
+                        }
+                    }
+                    while block < blocks {
+                        add_onto(dst, &sums);
+                        sums = zero;
+                        block += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One input-channel tile of one group of samples: `out[q][t][lane]` for every input pixel
+    /// `q`, its taps in (ky, kx) order, each a chain over the output channels (in depth blocks).
+    ///
+    /// # Safety
+    /// AVX-512F; `dy` holds the group's output gradient `[out_plane][c_out][LANES]`, `w` the
+    /// tile's weights `[kh·kw][c_out][TILE]` and `out` `h · w · TILE · LANES` zeroed floats.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn input_grad_tile(
+        g: &Conv2dGeometry,
+        order: Order,
+        dy: &[f32],
+        w: &[f32],
+        out: &mut [f32],
+    ) {
+        let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
+        let [sh, sw] = g.stride;
+        let [ph, pw] = g.pad_begin;
+        assert!(dy.len() >= oh * ow * g.c_out * LANES && w.len() >= kh * kw * g.c_out * TILE);
+        assert!(out.len() >= h * wd * TILE * LANES);
+        let kc = order.input_kc;
+        // The output index `o` that tap `k` of input index `i` comes from, if any.
+        let source = |i: usize, k: usize, s: usize, pad: usize, size: usize| {
+            let t = (i + pad).checked_sub(k)?;
+            (t % s == 0 && t / s < size).then_some(t / s)
+        };
+        // SAFETY: the asserts bound every access (`source` yields pixels inside the output).
+        unsafe {
+            let zero = [_mm512_setzero_ps(); TILE];
+            for iy in 0..h {
+                for ix in 0..wd {
+                    let dst = out.as_mut_ptr().add((iy * wd + ix) * TILE * LANES);
+                    for ky in 0..kh {
+                        let Some(oy) = source(iy, ky, sh, ph, oh) else {
+                            continue;
+                        };
+                        for kx in 0..kw {
+                            let Some(ox) = source(ix, kx, sw, pw, ow) else {
+                                continue;
+                            };
+                            let d = dy.as_ptr().add((oy * ow + ox) * g.c_out * LANES);
+                            let wt = w.as_ptr().add((ky * kw + kx) * g.c_out * TILE);
+                            let mut column = zero;
+                            for o0 in (0..g.c_out).step_by(kc) {
+                                let mut sums = zero;
+                                for o in o0..(o0 + kc).min(g.c_out) {
+                                    let dv = _mm512_loadu_ps(d.add(o * LANES));
+                                    let wo = wt.add(o * TILE);
+                                    for (t, s) in sums.iter_mut().enumerate() {
+                                        *s = _mm512_fmadd_ps(_mm512_set1_ps(*wo.add(t)), dv, *s);
+                                    }
+                                }
+                                column = if o0 == 0 {
+                                    sums
+                                } else {
+                                    std::array::from_fn(|t| _mm512_add_ps(column[t], sums[t]))
+                                };
+                            }
+                            add_onto(dst, &column);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
