@@ -401,7 +401,7 @@ fn peak_rss_mib() -> Option<f64> {
 /// The 3×3 and 5×5 stride-1 convolutions of the FedMR CNN, ResNet-20 and VGG-16 on 3×32×32
 /// inputs, one row per distinct shape, and CNN3's last one (pFedClub) on both input shapes.
 #[cfg(feature = "flex")]
-const KERNEL_SHAPES: [(&str, [usize; 5]); 15] = [
+const KERNEL_SHAPES: [(&str, [usize; 5]); 18] = [
     ("cnn conv1", [3, 6, 32, 5, 0]),
     ("cnn conv2", [6, 16, 14, 5, 0]),
     ("resnet20 stage 1", [16, 16, 32, 3, 1]),
@@ -413,6 +413,9 @@ const KERNEL_SHAPES: [(&str, [usize; 5]); 15] = [
     ("vgg16 block 4", [512, 512, 4, 3, 1]),
     ("vgg16 block 5", [512, 512, 2, 3, 1]),
     ("cnn4 conv5", [64, 128, 8, 3, 1]),
+    ("cnn3 conv2 (1×28×28)", [32, 64, 14, 5, 2]),
+    ("cnn4 conv2 (1×28×28)", [32, 32, 28, 3, 1]),
+    ("cnn4 conv4 (1×28×28)", [64, 64, 14, 5, 2]),
     ("cnn3 conv4", [128, 128, 8, 5, 2]),
     ("cnn3 conv4 (1×28×28)", [128, 128, 7, 5, 2]),
     ("cnn3 conv5", [128, 256, 4, 5, 2]),
