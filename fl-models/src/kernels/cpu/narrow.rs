@@ -54,9 +54,11 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     let (rows, pixels) = (g.col_rows(), g.out_plane());
     let stride = rows.next_multiple_of(ROW_TILE);
     let layout = Layout::new(g);
-    // The column matrices transposed, `[batch][pixels][stride]`: a pixel's rows are contiguous
-    // (zeros past `rows`), so a tile reads them as whole vectors; tap-major rows
-    // (`tap · c_in + ci`) where the layout says so.
+    // The column matrices transposed and cut into row tiles, `[batch][stride / ROW_TILE]
+    // [pixels][ROW_TILE]`: a pixel's rows of one tile are two whole vectors (zeros past `rows`),
+    // and a tile's pixels of one sample are contiguous, so a pass over the batch streams whole
+    // pages (with a pixel's rows `stride` apart, 49-pixel maps thrashed the TLB); tap-major
+    // rows (`tap · c_in + ci`) where the layout says so.
     let mut cols_t = super::par_zeroed(g.batch * pixels * stride);
     cols_t
         .par_chunks_mut(pixels * stride)
@@ -73,7 +75,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
                 for (r, row) in cols.chunks_exact(pixels).take(rows).enumerate() {
                     let r = layout.row(r / layout.taps, r % layout.taps);
                     for (p, &v) in row.iter().enumerate() {
-                        dst[p * stride + r] = v;
+                        dst[(r / ROW_TILE * pixels + p) * ROW_TILE + r % ROW_TILE] = v;
                     }
                 }
             },
@@ -208,7 +210,8 @@ impl Layout {
 struct Shape {
     c_out: usize,
     rows: usize,
-    /// Row stride of the transposed column matrices: `rows` rounded up to [`ROW_TILE`].
+    /// Rows per sample and pixel in the transposed column matrices: `rows` rounded up to
+    /// [`ROW_TILE`].
     stride: usize,
     pixels: usize,
     batch: usize,
@@ -219,14 +222,15 @@ mod avx512 {
     use super::{CHANNEL_TILE, LANES, Layout, ROW_TILE, Shape, WEIGHT_GRAD_CHUNK};
     use std::arch::x86_64::*;
 
-    /// `out[co − first, r] = Σ_chunks Σ_n∈chunk (Σ_p dy[n, co, p] · cols_t[n, p, r])` for the
+    /// `out[co − first, r] = Σ_chunks Σ_n∈chunk (Σ_p dy[n, co, p] · cols_t[n, r, p])` for the
     /// output channels `channels`, rows in `layout`'s order: each pixel sum an FMA chain from
     /// zero in pixel order over the tile's pixels, each chunk's sum left to right from its first
     /// sample's, the chunks' sums left to right.
     ///
     /// # Safety
     /// The CPU supports AVX-512F; `dy` holds `batch · c_out · pixels` floats, `cols_t`
-    /// `batch · pixels · stride` with `stride` a multiple of [`ROW_TILE`] and at least `rows`,
+    /// `batch · pixels · stride` (laid out `[batch][stride / ROW_TILE][pixels][ROW_TILE]`) with
+    /// `stride` a multiple of [`ROW_TILE`] and at least `rows`,
     /// `channels` lies within `c_out`, `out` holds `channels.len() · rows` floats, and `layout`'s
     /// pixels are below `pixels`.
     #[target_feature(enable = "avx512f")]
@@ -276,7 +280,9 @@ mod avx512 {
                             let mut acc = [[_mm512_setzero_ps(); 2]; CHANNEL_TILE];
                             let d = dy.as_ptr().add(n * c_out * pixels);
                             for &p in tile_pixels {
-                                let c = cols_t.as_ptr().add((n * pixels + p) * stride + r0);
+                                let c = cols_t
+                                    .as_ptr()
+                                    .add((n * stride + r0) * pixels + p * ROW_TILE);
                                 let v = [_mm512_loadu_ps(c), _mm512_loadu_ps(c.add(LANES))];
                                 for (a, &o) in acc.iter_mut().zip(&co) {
                                     let w = _mm512_set1_ps(*d.add(o * pixels + p));
