@@ -143,7 +143,7 @@ pub struct ConvRate {
     /// The shape measured.
     pub shape: ConvShape,
     /// The kernels that ran it: `direct`, `im2col + gemm`, or for the forward pass and input
-    /// gradient of maps up to 8×8 `across samples` (each with the weight gradient's path).
+    /// gradient of maps up to 8×8 `across samples`, each with the weight gradient's path.
     pub path: &'static str,
     /// Forward pass.
     pub forward: f64,
@@ -182,12 +182,14 @@ pub fn conv_rates(shape: ConvShape, batch: usize, seconds: f64) -> ConvRate {
         path: match (
             cpu::lanes_apply(&g),
             super::direct::applies(&g),
-            cpu::narrow_applies(&g),
+            cpu::narrow_applies(&g) || cpu::direct_wgrad_applies(&g),
         ) {
-            (true, true, _) => "across samples; direct weight gradient",
+            (true, true, false) => "across samples; direct weight gradient",
+            (true, true, true) => "across samples; direct weight gradient, zero products skipped",
             (true, false, true) => "across samples; small-map weight gradient",
             (true, false, false) => "across samples; im2col + gemm weight gradient",
-            (false, true, _) => "direct",
+            (false, true, false) => "direct",
+            (false, true, true) => "direct; weight gradient with zero products skipped",
             (false, false, true) => "im2col + gemm; small-map weight gradient",
             (false, false, false) => "im2col + gemm",
         },

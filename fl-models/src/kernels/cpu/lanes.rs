@@ -103,12 +103,18 @@ fn gemm_depth_block(m: usize, n: usize, k: usize) -> usize {
 fn applies(g: &Conv2dGeometry) -> bool {
     let full = |n: usize, width: usize| n > 0 && 4 * n >= 3 * n.next_multiple_of(width);
     cfg!(target_arch = "x86_64")
-        && (1..=MAX_PIXELS).contains(&g.out_plane())
-        && 4 * valid_taps_total(g) <= 3 * g.out_plane() * g.kernel[0] * g.kernel[1]
+        && takes_map(g)
         && full(g.batch, LANES)
         && full(g.c_out, TILE)
         && full(g.c_in, TILE)
         && uses(Isa::Avx512)
+}
+
+/// A map of at most [`MAX_PIXELS`] outputs whose taps read the padding at least a quarter of
+/// the time.
+pub(super) fn takes_map(g: &Conv2dGeometry) -> bool {
+    (1..=MAX_PIXELS).contains(&g.out_plane())
+        && 4 * valid_taps_total(g) <= 3 * g.out_plane() * g.kernel[0] * g.kernel[1]
 }
 
 /// The (pixel, tap) pairs of one channel whose tap reads the input, not the padding.

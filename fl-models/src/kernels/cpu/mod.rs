@@ -40,6 +40,7 @@ macro_rules! best_isa {
 
 mod act;
 mod depthwise;
+mod direct_wgrad;
 mod lanes;
 mod narrow;
 mod norm;
@@ -650,6 +651,12 @@ pub(crate) fn lanes_apply(g: &Conv2dGeometry) -> bool {
     lanes::Order::for_geometry(g, None).is_some()
 }
 
+/// Whether the weight gradient of `g` runs the direct kernels' order without their zero
+/// products (`fl bench --kernels`).
+pub(crate) fn direct_wgrad_applies(g: &Conv2dGeometry) -> bool {
+    direct_wgrad::applies(g)
+}
+
 /// Whether the weight gradient of `g` runs the small-map kernel (`fl bench --kernels`).
 pub(crate) fn narrow_applies(g: &Conv2dGeometry) -> bool {
     narrow::applies(g)
@@ -659,6 +666,9 @@ pub(crate) fn narrow_applies(g: &Conv2dGeometry) -> bool {
 pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
     if g.batch == 0 || g.output_len() == 0 || g.input_len() == 0 {
         return (vec![0.0; g.weight_len()], vec![0.0; g.c_out]);
+    }
+    if direct_wgrad::applies(g) {
+        return direct_wgrad::weight_grad(g, x, dy);
     }
     if super::direct::applies(g) {
         return super::direct::conv2d_weight_grad(g, x, dy);

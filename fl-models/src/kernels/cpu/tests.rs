@@ -362,6 +362,42 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
 }
 
 #[test]
+fn direct_weight_gradients_without_their_zero_products_keep_their_bits() {
+    // 8×8, 14×14 and 16×16 maps under 5×5 kernels (CNN1–CNN4's), a 3×5 kernel on a map that
+    // is not square, one and two channel tiles, batches over several chunks with a partial
+    // last one, asymmetric padding.
+    let shapes = [
+        geometry([21, 16, 8, 8], [64, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([9, 7, 8, 8], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([17, 5, 7, 8], [64, 3, 5], [1, 1], [(2, 1), (2, 2)]),
+        geometry([10, 4, 14, 14], [64, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([8, 3, 16, 16], [64, 5, 5], [1, 1], [(1, 3), (2, 2)]),
+    ];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let first_difference =
+        |a: &[f32], b: &[f32]| bits(a).iter().zip(bits(b)).position(|(x, y)| *x != y);
+    let _guard = crate::kernels::isa::test_lock();
+    for g in &shapes {
+        assert_eq!(
+            direct_wgrad::applies(g),
+            Isa::active() == Isa::Avx512,
+            "{g:?}: applies"
+        );
+        let x = values(g.batch * g.input_len(), 41);
+        let dy = values(g.batch * g.output_len(), 42);
+        let (dw, db) = conv2d_weight_grad(g, &x, &dy);
+        let (dw_ref, db_ref) = crate::kernels::direct::conv2d_weight_grad(g, &x, &dy);
+        assert_eq!((dw.len(), db.len()), (dw_ref.len(), db_ref.len()));
+        assert_eq!(
+            first_difference(&dw, &dw_ref),
+            None,
+            "{g:?}: weight gradient"
+        );
+        assert_eq!(first_difference(&db, &db_ref), None, "{g:?}: bias gradient");
+    }
+}
+
+#[test]
 fn results_do_not_depend_on_the_thread_count() {
     // Both runs on the same instruction tier: other tests cap it while they hold this lock.
     let _guard = crate::kernels::isa::test_lock();
