@@ -89,11 +89,17 @@ fn chunk(
     // SAFETY: `applies` checked AVX-512F, a 5-wide kernel and whole channel tiles; the
     // buffers are sized from `g` above.
     unsafe {
-        let args = (g, samples.len(), x, &dy_t[..], classes);
+        let args = avx512::Chunk {
+            g,
+            count: samples.len(),
+            x,
+            dy_t: &dy_t,
+            classes,
+        };
         for co0 in (0..g.c_out).step_by(CHANNEL_TILE) {
             for ci in 0..g.c_in {
                 for ky in 0..g.kernel[0] {
-                    avx512::kernel_row::<KERNEL_WIDTH>(args, [co0, ci, ky], &mut dw_t);
+                    avx512::kernel_row::<KERNEL_WIDTH>(&args, [co0, ci, ky], &mut dw_t);
                 }
             }
         }
@@ -114,6 +120,16 @@ mod avx512 {
 
     const VECTORS: usize = CHANNEL_TILE / 16;
 
+    /// One chunk of samples: `count` inputs, their output gradients `[count][out_plane][c_out]`
+    /// and the output pixels of each lane class.
+    pub(super) struct Chunk<'a> {
+        pub(super) g: &'a Conv2dGeometry,
+        pub(super) count: usize,
+        pub(super) x: &'a [f32],
+        pub(super) dy_t: &'a [f32],
+        pub(super) classes: &'a [Vec<[usize; 2]>],
+    }
+
     /// `dw_t[(ci, ky, kx), co0..co0 + 64]` for every `kx`: per lane class, a chain over the
     /// chunk's samples and the class's pixels whose tap reads the image, then the 16 chains
     /// added by `_mm512_reduce_add_ps`'s tree.
@@ -124,10 +140,17 @@ mod avx512 {
     /// `ci < c_in`, `ky < kh`, and `classes` lists pixels inside the output.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn kernel_row<const KW: usize>(
-        (g, count, x, dy_t, classes): (&Conv2dGeometry, usize, &[f32], &[f32], &[Vec<[usize; 2]>]),
+        chunk: &Chunk,
         [co0, ci, ky]: [usize; 3],
         dw_t: &mut [f32],
     ) {
+        let Chunk {
+            g,
+            count,
+            x,
+            dy_t,
+            classes,
+        } = *chunk;
         let ([h, w], [ph, pw], [_, ow]) = (g.input, g.pad_begin, g.output);
         assert!(KW == g.kernel[1] && co0 + CHANNEL_TILE <= g.c_out && ci < g.c_in);
         assert!(x.len() >= count * g.input_len() && dy_t.len() >= count * g.output_len());
@@ -162,19 +185,20 @@ mod avx512 {
                 }
                 *lane = acc;
             }
+            // The lanes' tree, for every vector of channels and tap at once.
+            let add = |a: &[[__m512; KW]; VECTORS], b: &[[__m512; KW]; VECTORS]| {
+                std::array::from_fn(|v| std::array::from_fn(|t| _mm512_add_ps(a[v][t], b[v][t])))
+            };
+            let s: [[[__m512; KW]; VECTORS]; 8] =
+                std::array::from_fn(|i| add(&lanes[i], &lanes[i + 8]));
+            let s: [[[__m512; KW]; VECTORS]; 4] = std::array::from_fn(|i| add(&s[i], &s[i + 4]));
+            let s: [[[__m512; KW]; VECTORS]; 2] = std::array::from_fn(|i| add(&s[i], &s[i + 2]));
+            let total = add(&s[0], &s[1]);
             let row = (ci * g.kernel[0] + ky) * KW;
-            for v in 0..VECTORS {
-                for kx in 0..KW {
-                    let s: [__m512; 8] = std::array::from_fn(|i| {
-                        _mm512_add_ps(lanes[i][v][kx], lanes[i + 8][v][kx])
-                    });
-                    let s: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(s[i], s[i + 4]));
-                    let s: [__m512; 2] = std::array::from_fn(|i| _mm512_add_ps(s[i], s[i + 2]));
-                    let total = _mm512_add_ps(s[0], s[1]);
-                    _mm512_storeu_ps(
-                        dw_t.as_mut_ptr().add((row + kx) * g.c_out + co0 + v * 16),
-                        total,
-                    );
+            for (v, taps) in total.iter().enumerate() {
+                for (kx, sum) in taps.iter().enumerate() {
+                    let at = (row + kx) * g.c_out + co0 + v * 16;
+                    _mm512_storeu_ps(dw_t.as_mut_ptr().add(at), *sum);
                 }
             }
         }
