@@ -208,24 +208,35 @@ pub(super) fn forward(
         bias_padded[..g.c_out].copy_from_slice(b);
     }
     let xs = to_lanes(x, g.batch, g.c_in, g.in_plane(), false);
-    let plane = g.out_plane();
-    let task_len = plane * TILE * LANES;
-    let mut out = par_zeroed(g.batch.div_ceil(LANES) * tiles * task_len);
+    per_tile(g.batch, g.c_out, g.out_plane(), |group, tile, dst| {
+        let x_group = &xs[group * g.input_len() * LANES..][..g.input_len() * LANES];
+        let w_tile = &packed[tile * rows * TILE..][..rows * TILE];
+        let b_tile = &bias_padded[tile * TILE..][..TILE];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `applies` checked AVX-512F; the slices above have the lengths
+        // `forward_tile` requires.
+        unsafe {
+            avx512::forward_tile(g, order, x_group, w_tile, b_tile, dst);
+        }
+    })
+}
+
+/// Runs `task(group, tile, out)` on the thread pool for every group of [`LANES`] samples and
+/// tile of `channels`, each writing its own `[pixels][TILE][LANES]` block, and returns the
+/// blocks as `[batch, channels, pixels]`.
+fn per_tile(
+    batch: usize,
+    channels: usize,
+    pixels: usize,
+    task: impl Fn(usize, usize, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let tiles = channels.div_ceil(TILE);
+    let task_len = pixels * TILE * LANES;
+    let mut out = par_zeroed(batch.div_ceil(LANES) * tiles * task_len);
     out.par_chunks_mut(task_len)
         .enumerate()
-        .for_each(|(task, dst)| {
-            let (group, tile) = (task / tiles, task % tiles);
-            let x_group = &xs[group * g.input_len() * LANES..][..g.input_len() * LANES];
-            let w_tile = &packed[tile * rows * TILE..][..rows * TILE];
-            let b_tile = &bias_padded[tile * TILE..][..TILE];
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `applies` checked AVX-512F; the slices above have the lengths
-            // `forward_tile` requires.
-            unsafe {
-                avx512::forward_tile(g, order, x_group, w_tile, b_tile, dst);
-            }
-        });
-    from_lanes(&out, g.batch, g.c_out, plane)
+        .for_each(|(i, dst)| task(i / tiles, i % tiles, dst));
+    from_lanes(&out, batch, channels, pixels)
 }
 
 /// The input gradient, the same contract and bits as `cpu::conv2d_input_grad`.
@@ -246,22 +257,15 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32], order: 
         });
     // Output gradients pixel-major, so a pixel's channels are consecutive vectors.
     let dys = to_lanes(dy, g.batch, g.c_out, g.out_plane(), true);
-    let plane = g.in_plane();
-    let task_len = plane * TILE * LANES;
-    let mut out = par_zeroed(g.batch.div_ceil(LANES) * tiles * task_len);
-    out.par_chunks_mut(task_len)
-        .enumerate()
-        .for_each(|(task, dst)| {
-            let (group, tile) = (task / tiles, task % tiles);
-            let dy_group = &dys[group * g.output_len() * LANES..][..g.output_len() * LANES];
-            let w_tile = &packed[tile * taps * g.c_out * TILE..][..taps * g.c_out * TILE];
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as in `forward`, for `input_grad_tile`.
-            unsafe {
-                avx512::input_grad_tile(g, order, dy_group, w_tile, dst);
-            }
-        });
-    from_lanes(&out, g.batch, g.c_in, plane)
+    per_tile(g.batch, g.c_in, g.in_plane(), |group, tile, dst| {
+        let dy_group = &dys[group * g.output_len() * LANES..][..g.output_len() * LANES];
+        let w_tile = &packed[tile * taps * g.c_out * TILE..][..taps * g.c_out * TILE];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `forward`, for `input_grad_tile`.
+        unsafe {
+            avx512::input_grad_tile(g, order, dy_group, w_tile, dst);
+        }
+    })
 }
 
 /// The taps `[lo, hi)` along one axis whose input `o·stride + k − pad` lies inside `0..size`.
