@@ -34,9 +34,10 @@ const LANES: usize = 16;
 const TILE: usize = 16;
 /// The largest map this kernel takes (8×8); bigger maps waste little on padding.
 const MAX_PIXELS: usize = 64;
-/// gemm's AVX-512 register tile for `f32` (`gemm-f32`: 4 vectors of 16 rows × 6 columns), which
-/// its depth blocks depend on.
+/// Rows of gemm's AVX-512 register tile for `f32` (`gemm-f32`: 4 vectors of 16), which its
+/// depth blocks depend on.
 const GEMM_MR: usize = 64;
+/// Columns of that register tile.
 const GEMM_NR: usize = 6;
 
 /// The order of additions to reproduce (see the module docs).
@@ -112,7 +113,7 @@ fn applies(g: &Conv2dGeometry) -> bool {
 
 /// A map of at most [`MAX_PIXELS`] outputs whose taps read the padding at least a quarter of
 /// the time.
-pub(super) fn takes_map(g: &Conv2dGeometry) -> bool {
+fn takes_map(g: &Conv2dGeometry) -> bool {
     (1..=MAX_PIXELS).contains(&g.out_plane())
         && 4 * valid_taps_total(g) <= 3 * g.out_plane() * g.kernel[0] * g.kernel[1]
 }
@@ -130,8 +131,8 @@ fn valid_taps_total(g: &Conv2dGeometry) -> usize {
     axis(0) * axis(1)
 }
 
-/// `[batch, channels, pixels]` as `[groups][pixels·channels (in `order`)][LANES]`, zeros for
-/// the missing samples of the last group.
+/// `[batch, channels, pixels]` as `[groups][channels][pixels][LANES]` (or `[pixels][channels]`
+/// with `pixel_major`), zeros for the missing samples of the last group.
 fn to_lanes(
     values: &[f32],
     batch: usize,
