@@ -399,7 +399,8 @@ fn peak_rss_mib() -> Option<f64> {
 }
 
 /// The 3×3 and 5×5 stride-1 convolutions of the FedMR CNN, ResNet-20 and VGG-16 on 3×32×32
-/// inputs, one row per distinct shape, and CNN3's last one (pFedClub) on both input shapes.
+/// inputs, one row per distinct shape, and pFedClub's CNN3 and CNN4 layers on the maps where
+/// their kernel paths differ (3×32×32 and 1×28×28 inputs).
 #[cfg(feature = "flex")]
 const KERNEL_SHAPES: [(&str, [usize; 5]); 18] = [
     ("cnn conv1", [3, 6, 32, 5, 0]),
@@ -465,9 +466,13 @@ pub fn bench_kernels(threads: Option<usize>) -> anyhow::Result<()> {
                 padding,
             };
             let r = pool.install(|| conv_rates(shape, 50, 0.5));
+            let path = if r.path == r.weight_grad_path {
+                r.path.to_string()
+            } else {
+                format!("{}; weight gradient: {}", r.path, r.weight_grad_path)
+            };
             println!(
-                "| {name} | {c_in}→{c_out} @ {size}×{size}, {kernel}×{kernel} | {} | {} | {} | {} |",
-                r.path,
+                "| {name} | {c_in}→{c_out} @ {size}×{size}, {kernel}×{kernel} | {path} | {} | {} | {} |",
                 share(r.forward),
                 share(r.input_grad),
                 share(r.weight_grad)

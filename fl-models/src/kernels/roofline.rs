@@ -142,9 +142,12 @@ impl ConvShape {
 pub struct ConvRate {
     /// The shape measured.
     pub shape: ConvShape,
-    /// The kernels that ran it: `direct`, `im2col + gemm`, or for the forward pass and input
-    /// gradient of maps up to 8×8 `across samples`, each with the weight gradient's path.
+    /// The kernels that ran the forward pass and input gradient: `direct`, `im2col + gemm` or
+    /// `across samples`.
     pub path: &'static str,
+    /// The kernels that ran the weight gradient: `direct`, `direct without zero products`,
+    /// `small-map` or `im2col + gemm`.
+    pub weight_grad_path: &'static str,
     /// Forward pass.
     pub forward: f64,
     /// Input gradient.
@@ -177,22 +180,11 @@ pub fn conv_rates(shape: ConvShape, batch: usize, seconds: f64) -> ConvRate {
         }
         flops * runs as f64 / begin.elapsed().as_secs_f64() / 1e9
     };
+    let paths = cpu::kernel_paths(&g);
     ConvRate {
         shape,
-        path: match (
-            cpu::lanes_apply(&g),
-            super::direct::applies(&g),
-            cpu::narrow_applies(&g) || cpu::direct_wgrad_applies(&g),
-        ) {
-            (true, true, false) => "across samples; direct weight gradient",
-            (true, true, true) => "across samples; direct weight gradient, zero products skipped",
-            (true, false, true) => "across samples; small-map weight gradient",
-            (true, false, false) => "across samples; im2col + gemm weight gradient",
-            (false, true, false) => "direct",
-            (false, true, true) => "direct; weight gradient with zero products skipped",
-            (false, false, true) => "im2col + gemm; small-map weight gradient",
-            (false, false, false) => "im2col + gemm",
-        },
+        path: paths.0,
+        weight_grad_path: paths.1,
         forward: rate(&|| drop(std::hint::black_box(cpu::conv2d_forward(&g, &x, &w, None)))),
         input_grad: rate(&|| drop(std::hint::black_box(cpu::conv2d_input_grad(&g, &w, &dy)))),
         weight_grad: rate(&|| drop(std::hint::black_box(cpu::conv2d_weight_grad(&g, &x, &dy)))),

@@ -13,7 +13,7 @@
 //! same tree. A skipped product is a zero added to a chain that starts at +0 and so is never −0:
 //! skipping it changes no bit (with finite inputs).
 
-use super::{Conv2dGeometry, sum, sum_over_chunks};
+use super::{Conv2dGeometry, chunk_bias_grad, sum_over_chunks};
 use crate::kernels::isa::{Isa, uses};
 
 /// Output channels per register tile: four vectors.
@@ -65,12 +65,7 @@ fn chunk(
     let x = &x[samples.start * g.input_len()..samples.end * g.input_len()];
     let dy = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
     // The bias gradient exactly as the direct kernels sum it.
-    let mut db = vec![0.0f32; g.c_out];
-    for dy_n in dy.chunks(g.output_len()) {
-        for (b, plane) in db.iter_mut().zip(dy_n.chunks(pixels)) {
-            *b += sum(plane);
-        }
-    }
+    let db = chunk_bias_grad(dy, g.c_out, pixels);
     // Output gradients channel-minor, `[sample][pixel][c_out]`: a pixel's channels are vectors.
     let mut dy_t = vec![0.0f32; dy.len()];
     for (src, dst) in dy

@@ -420,15 +420,85 @@ pub fn conv2d_forward(
     weight: &[f32],
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
-    if g.batch > 0 && g.input_len() > 0 {
-        if let Some(order) = lanes::Order::for_geometry(g, bias) {
-            return lanes::forward(g, x, weight, bias, order);
+    match PassPath::of(g, bias) {
+        PassPath::AcrossSamples(order) => lanes::forward(g, x, weight, bias, order),
+        PassPath::Direct => super::direct::conv2d_forward(g, x, weight, bias),
+        PassPath::Im2col => im2col_conv2d_forward(g, x, weight, bias),
+    }
+}
+
+/// The kernels that run a convolution's forward pass and input gradient.
+enum PassPath {
+    /// Vectorised across samples (`lanes.rs`), in the order of the path it replaces.
+    AcrossSamples(lanes::Order),
+    /// The direct AVX-512 kernels (`direct.rs`).
+    Direct,
+    /// im2col + gemm.
+    Im2col,
+}
+
+impl PassPath {
+    /// The path for `g` (the forward pass's `bias`, or `None` for the input gradient).
+    fn of(g: &Conv2dGeometry, bias: Option<&[f32]>) -> Self {
+        if g.batch > 0 && g.input_len() > 0 {
+            if let Some(order) = lanes::Order::for_geometry(g, bias) {
+                return Self::AcrossSamples(order);
+            }
+            if super::direct::applies(g) {
+                return Self::Direct;
+            }
         }
-        if super::direct::applies(g) {
-            return super::direct::conv2d_forward(g, x, weight, bias);
+        Self::Im2col
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::AcrossSamples(_) => "across samples",
+            Self::Direct => "direct",
+            Self::Im2col => "im2col + gemm",
         }
     }
-    im2col_conv2d_forward(g, x, weight, bias)
+}
+
+/// The kernels that run a convolution's weight gradient.
+enum WeightGradPath {
+    /// The direct kernels' sums without their zero products (`direct_wgrad.rs`).
+    DirectWithoutZeros,
+    /// The direct AVX-512 kernels.
+    Direct,
+    /// The small-map kernel (`narrow.rs`), in gemm's order.
+    SmallMap,
+    /// im2col + one gemm per sample.
+    Im2col,
+}
+
+impl WeightGradPath {
+    fn of(g: &Conv2dGeometry) -> Self {
+        if direct_wgrad::applies(g) {
+            Self::DirectWithoutZeros
+        } else if super::direct::applies(g) {
+            Self::Direct
+        } else if narrow::applies(g) {
+            Self::SmallMap
+        } else {
+            Self::Im2col
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::DirectWithoutZeros => "direct without zero products",
+            Self::Direct => "direct",
+            Self::SmallMap => "small-map",
+            Self::Im2col => "im2col + gemm",
+        }
+    }
+}
+
+/// The names of the kernels that run `g`'s forward pass and input gradient, and its weight
+/// gradient (`fl bench --kernels`): the same choice the entry points make.
+pub(crate) fn kernel_paths(g: &Conv2dGeometry) -> (&'static str, &'static str) {
+    (PassPath::of(g, None).name(), WeightGradPath::of(g).name())
 }
 
 /// [`conv2d_forward`] by im2col + gemm.
@@ -542,15 +612,11 @@ fn forward_sample(
 
 /// Input gradient: `dx[n] = col2im(Wᵀ · dy[n])`.
 pub fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    if g.batch > 0 && g.input_len() > 0 {
-        if let Some(order) = lanes::Order::for_geometry(g, None) {
-            return lanes::input_grad(g, weight, dy, order);
-        }
-        if super::direct::applies(g) {
-            return super::direct::conv2d_input_grad(g, weight, dy);
-        }
+    match PassPath::of(g, None) {
+        PassPath::AcrossSamples(order) => lanes::input_grad(g, weight, dy, order),
+        PassPath::Direct => super::direct::conv2d_input_grad(g, weight, dy),
+        PassPath::Im2col => im2col_conv2d_input_grad(g, weight, dy),
     }
-    im2col_conv2d_input_grad(g, weight, dy)
 }
 
 /// [`conv2d_input_grad`] by gemm + col2im.
@@ -645,38 +711,30 @@ fn input_grad_sample(
     }
 }
 
-/// Whether the forward pass and input gradient of `g` run vectorised across samples (`fl bench
-/// --kernels`).
-pub(crate) fn lanes_apply(g: &Conv2dGeometry) -> bool {
-    lanes::Order::for_geometry(g, None).is_some()
-}
-
-/// Whether the weight gradient of `g` runs the direct kernels' order without their zero
-/// products (`fl bench --kernels`).
-pub(crate) fn direct_wgrad_applies(g: &Conv2dGeometry) -> bool {
-    direct_wgrad::applies(g)
-}
-
-/// Whether the weight gradient of `g` runs the small-map kernel (`fl bench --kernels`).
-pub(crate) fn narrow_applies(g: &Conv2dGeometry) -> bool {
-    narrow::applies(g)
-}
-
 /// Weight and bias gradients: `dW = Σₙ dy[n] · im2col(x[n])ᵀ`, `db = Σₙ Σ_pixels dy[n]`.
 pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
     if g.batch == 0 || g.output_len() == 0 || g.input_len() == 0 {
         return (vec![0.0; g.weight_len()], vec![0.0; g.c_out]);
     }
-    if direct_wgrad::applies(g) {
-        return direct_wgrad::weight_grad(g, x, dy);
+    match WeightGradPath::of(g) {
+        WeightGradPath::DirectWithoutZeros => direct_wgrad::weight_grad(g, x, dy),
+        WeightGradPath::Direct => super::direct::conv2d_weight_grad(g, x, dy),
+        WeightGradPath::SmallMap => narrow::weight_grad(g, x, dy),
+        WeightGradPath::Im2col => im2col_conv2d_weight_grad(g, x, dy),
     }
-    if super::direct::applies(g) {
-        return super::direct::conv2d_weight_grad(g, x, dy);
+}
+
+/// The bias gradient of some consecutive samples' output gradients `[samples, c_out, pixels]`:
+/// per sample, each channel's plane summed by [`sum`] and added on in sample order (the order
+/// every convolution path's chunks use).
+pub(super) fn chunk_bias_grad(dy: &[f32], c_out: usize, pixels: usize) -> Vec<f32> {
+    let mut db = vec![0.0f32; c_out];
+    for dy_n in dy.chunks(c_out * pixels) {
+        for (b, plane) in db.iter_mut().zip(dy_n.chunks(pixels)) {
+            *b += sum(plane);
+        }
     }
-    if narrow::applies(g) {
-        return narrow::weight_grad(g, x, dy);
-    }
-    im2col_conv2d_weight_grad(g, x, dy)
+    db
 }
 
 /// Weight and bias gradients summed over the batch deterministically: `chunk` computes the

@@ -20,7 +20,7 @@
 
 use rayon::prelude::*;
 
-use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, im2col, sum};
+use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, chunk_bias_grad, im2col};
 use crate::kernels::isa::{Isa, uses};
 
 /// Floats per AVX-512 vector.
@@ -82,15 +82,8 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
         );
     // The bias gradient through the im2col path's own chunking (no weight partials).
     let (_, db) = super::sum_over_chunks(g.batch, |samples| {
-        let mut db = vec![0.0f32; g.c_out];
-        for dy_n in
-            dy[samples.start * g.output_len()..samples.end * g.output_len()].chunks(g.output_len())
-        {
-            for (b, plane) in db.iter_mut().zip(dy_n.chunks(pixels)) {
-                *b += sum(plane);
-            }
-        }
-        (Vec::new(), db)
+        let dy_chunk = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
+        (Vec::new(), chunk_bias_grad(dy_chunk, g.c_out, pixels))
     });
     let mut dw = super::par_zeroed(g.c_out * rows);
     let shape = Shape {

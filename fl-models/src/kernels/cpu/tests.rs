@@ -137,6 +137,14 @@ fn direct_and_im2col_convolutions_agree() {
     }
 }
 
+/// The first index where `a` and `b` differ in any bit (`None`: bitwise equal where both have
+/// elements; callers compare the lengths too).
+fn first_difference(a: &[f32], b: &[f32]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
+}
+
 fn close(a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
@@ -267,7 +275,6 @@ fn small_map_weight_gradients_are_gemms_bits() {
         geometry([9, 64, 3, 3], [20, 5, 5], [1, 1], [(2, 2), (2, 2)]),
         geometry([5, 32, 5, 6], [18, 3, 3], [2, 2], [(1, 1), (0, 2)]),
     ];
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let _guard = crate::kernels::isa::test_lock();
     for g in &shapes {
         assert_eq!(
@@ -284,8 +291,6 @@ fn small_map_weight_gradients_are_gemms_bits() {
         let dy = values(g.batch * g.output_len(), 22);
         let (dw, db) = conv2d_weight_grad(g, &x, &dy);
         let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
-        let first_difference =
-            |a: &[f32], b: &[f32]| bits(a).iter().zip(bits(b)).position(|(x, y)| *x != y);
         assert_eq!(
             first_difference(&dw, &dw_ref),
             None,
@@ -310,9 +315,6 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
         geometry([40, 16, 4, 4], [32, 5, 5], [2, 2], [(2, 1), (1, 2)]),
         geometry([24, 16, 2, 2], [600, 3, 3], [1, 1], [(1, 1), (1, 1)]),
     ];
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let first_difference =
-        |a: &[f32], b: &[f32]| bits(a).iter().zip(bits(b)).position(|(x, y)| *x != y);
     let _guard = crate::kernels::isa::test_lock();
     for g in &shapes {
         let direct = crate::kernels::direct::applies(g);
@@ -373,9 +375,6 @@ fn direct_weight_gradients_without_their_zero_products_keep_their_bits() {
         geometry([10, 4, 14, 14], [64, 5, 5], [1, 1], [(2, 2), (2, 2)]),
         geometry([8, 3, 16, 16], [64, 5, 5], [1, 1], [(1, 3), (2, 2)]),
     ];
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let first_difference =
-        |a: &[f32], b: &[f32]| bits(a).iter().zip(bits(b)).position(|(x, y)| *x != y);
     let _guard = crate::kernels::isa::test_lock();
     for g in &shapes {
         assert_eq!(
