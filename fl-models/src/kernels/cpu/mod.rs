@@ -44,6 +44,7 @@ mod direct_wgrad;
 mod lanes;
 mod narrow;
 mod norm;
+mod path;
 mod pool;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -57,6 +58,8 @@ pub use norm::{
     NormGeometry, batch_norm_inference, batch_norm_inference_backward, batch_norm_train_backward,
     batch_norm_train_forward,
 };
+pub(crate) use path::kernel_paths;
+use path::{PassPath, WeightGradPath};
 pub use pool::{PoolGeometry, max_pool2d_backward, max_pool2d_forward};
 
 /// Samples per partial sum of the weight gradient (fixed, so the summation order, and hence the
@@ -425,80 +428,6 @@ pub fn conv2d_forward(
         PassPath::Direct => super::direct::conv2d_forward(g, x, weight, bias),
         PassPath::Im2col => im2col_conv2d_forward(g, x, weight, bias),
     }
-}
-
-/// The kernels that run a convolution's forward pass and input gradient.
-enum PassPath {
-    /// Vectorised across samples (`lanes.rs`), in the order of the path it replaces.
-    AcrossSamples(lanes::Order),
-    /// The direct AVX-512 kernels (`direct.rs`).
-    Direct,
-    /// im2col + gemm.
-    Im2col,
-}
-
-impl PassPath {
-    /// The path for `g` (the forward pass's `bias`, or `None` for the input gradient).
-    fn of(g: &Conv2dGeometry, bias: Option<&[f32]>) -> Self {
-        if g.batch > 0 && g.input_len() > 0 {
-            if let Some(order) = lanes::Order::for_geometry(g, bias) {
-                return Self::AcrossSamples(order);
-            }
-            if super::direct::applies(g) {
-                return Self::Direct;
-            }
-        }
-        Self::Im2col
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Self::AcrossSamples(_) => "across samples",
-            Self::Direct => "direct",
-            Self::Im2col => "im2col + gemm",
-        }
-    }
-}
-
-/// The kernels that run a convolution's weight gradient.
-enum WeightGradPath {
-    /// The direct kernels' sums without their zero products (`direct_wgrad.rs`).
-    DirectWithoutZeros,
-    /// The direct AVX-512 kernels.
-    Direct,
-    /// The small-map kernel (`narrow.rs`), in gemm's order.
-    SmallMap,
-    /// im2col + one gemm per sample.
-    Im2col,
-}
-
-impl WeightGradPath {
-    fn of(g: &Conv2dGeometry) -> Self {
-        if direct_wgrad::applies(g) {
-            Self::DirectWithoutZeros
-        } else if super::direct::applies(g) {
-            Self::Direct
-        } else if narrow::applies(g) {
-            Self::SmallMap
-        } else {
-            Self::Im2col
-        }
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Self::DirectWithoutZeros => "direct without zero products",
-            Self::Direct => "direct",
-            Self::SmallMap => "small-map",
-            Self::Im2col => "im2col + gemm",
-        }
-    }
-}
-
-/// The names of the kernels that run `g`'s forward pass and input gradient, and its weight
-/// gradient (`fl bench --kernels`): the same choice the entry points make.
-pub(crate) fn kernel_paths(g: &Conv2dGeometry) -> (&'static str, &'static str) {
-    (PassPath::of(g, None).name(), WeightGradPath::of(g).name())
 }
 
 /// [`conv2d_forward`] by im2col + gemm.
