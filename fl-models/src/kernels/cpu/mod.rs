@@ -104,9 +104,13 @@ impl Conv2dGeometry {
     fn col_rows(&self) -> usize {
         self.c_in * self.kernel[0] * self.kernel[1]
     }
-    /// A 1×1 convolution with stride 1 and no padding needs no column matrix at all.
+    /// A 1×1 convolution with stride 1 and no padding needs no column matrix at all (its input
+    /// planes are the rows).
     fn is_pointwise(&self) -> bool {
-        self.kernel == [1, 1] && self.stride == [1, 1] && self.pad_begin == [0, 0]
+        self.kernel == [1, 1]
+            && self.stride == [1, 1]
+            && self.pad_begin == [0, 0]
+            && self.output == self.input
     }
     /// Input elements per sample.
     pub fn input_len(&self) -> usize {
@@ -250,6 +254,13 @@ fn im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32], stride: usize)
     let [ph, pw] = g.pad_begin;
     let [oh, ow] = g.output;
     let out_plane = g.out_plane();
+    if g.is_pointwise() {
+        // A pointwise column matrix is the input itself: whole planes, not rows of a few floats.
+        for (c, plane) in x.chunks_exact(out_plane).enumerate() {
+            copy_short(&mut col[c * stride..][..out_plane], plane);
+        }
+        return;
+    }
     for c in 0..g.c_in {
         let plane = &x[c * h * w..(c + 1) * h * w];
         for ky in 0..kh {
@@ -288,6 +299,14 @@ fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32], stride: u
     let [ph, pw] = g.pad_begin;
     let [oh, ow] = g.output;
     let out_plane = g.out_plane();
+    if g.is_pointwise() {
+        for (c, plane) in dx.chunks_exact_mut(out_plane).enumerate() {
+            for (d, s) in plane.iter_mut().zip(&col[c * stride..][..out_plane]) {
+                *d += s;
+            }
+        }
+        return;
+    }
     for c in 0..g.c_in {
         let plane = &mut dx[c * h * w..(c + 1) * h * w];
         for ky in 0..kh {
