@@ -24,7 +24,7 @@
 
 use rayon::prelude::*;
 
-use super::{Conv2dGeometry, par_zeroed};
+use super::{Conv2dGeometry, gemm_depth_block, par_zeroed};
 use crate::kernels::isa::{Isa, uses};
 
 /// Samples per vector (AVX-512 lanes).
@@ -34,11 +34,6 @@ const LANES: usize = 16;
 const TILE: usize = 16;
 /// The largest map this kernel takes (8×8); bigger maps waste little on padding.
 const MAX_PIXELS: usize = 64;
-/// Rows of gemm's AVX-512 register tile for `f32` (`gemm-f32`: 4 vectors of 16), which its
-/// depth blocks depend on.
-const GEMM_MR: usize = 64;
-/// Columns of that register tile.
-const GEMM_NR: usize = 6;
 
 /// The order of additions to reproduce (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,11 +64,7 @@ impl Order {
             });
         }
         // The im2col path runs one gemm per group of samples; the last group may be narrower.
-        let group = g.group();
-        let mut widths = vec![group.min(g.batch) * g.out_plane()];
-        if g.batch > group && !g.batch.is_multiple_of(group) {
-            widths.push(g.batch % group * g.out_plane());
-        }
+        let widths = g.group_widths(g.group());
         let blocks = |m: usize, k: usize| {
             let kcs: Vec<usize> = widths.iter().map(|&n| gemm_depth_block(m, n, k)).collect();
             kcs.iter().all(|&kc| kc == kcs[0]).then_some(kcs[0])
@@ -83,16 +74,6 @@ impl Order {
             forward_kc: blocks(g.c_out, rows)?,
             input_kc: blocks(rows, g.c_out)?,
         })
-    }
-}
-
-/// The depth block gemm uses for an `m × n` product over `k` (`gemm-common`'s
-/// `gemm_basic_generic`: small products take blocks of 512, others `kernel_params`'s).
-fn gemm_depth_block(m: usize, n: usize, k: usize) -> usize {
-    if m <= 64 && n <= 64 {
-        k.min(512)
-    } else {
-        gemm_common::cache::kernel_params(m, n, k, GEMM_MR, GEMM_NR, size_of::<f32>()).kc
     }
 }
 

@@ -336,6 +336,24 @@ fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32], stride: u
     }
 }
 
+/// Rows of gemm's AVX-512 register tile for `f32` (`gemm-f32`: 4 vectors of 16), which its
+/// depth blocks depend on.
+const GEMM_MR: usize = 64;
+/// Columns of that register tile.
+const GEMM_NR: usize = 6;
+
+/// The depth block [`matmul`]'s gemm uses for an `m × n` product over `k` (`gemm-common`'s
+/// `gemm_basic_generic`: small products take blocks of 512, others `kernel_params`'s). Each
+/// output is a chain over one block, added onto the output block by block: two products with
+/// the same depth blocks sum every output in the same order.
+fn gemm_depth_block(m: usize, n: usize, k: usize) -> usize {
+    if m <= 64 && n <= 64 {
+        k.min(512)
+    } else {
+        gemm_common::cache::kernel_params(m, n, k, GEMM_MR, GEMM_NR, size_of::<f32>()).kc
+    }
+}
+
 /// `dst (m×n) = [dst +] lhs (m×k) · rhs (k×n)`, each matrix given as (slice, row stride, column
 /// stride), so transposes are free. Single-threaded: callers parallelise over samples.
 ///
@@ -420,6 +438,36 @@ impl Conv2dGeometry {
     /// (tested); groups are fixed runs of samples, so neither does the thread count.
     fn group(&self) -> usize {
         (GROUP_PIXELS / self.out_plane().max(1)).clamp(1, MAX_GROUP)
+    }
+
+    /// Samples per gemm of the im2col input gradient. A pointwise convolution's per-sample gemm
+    /// writes the gradient itself, but on small maps its few columns fill gemm's register tiles
+    /// poorly (a quarter of them on 2×2 maps), so it runs in groups too where gemm splits the
+    /// depth (`c_out`) into the same blocks either way: then every output keeps its bits (its
+    /// chain and block sums are the same, and adding a gemm result, never −0, onto the zeroed
+    /// gradient changes nothing).
+    fn input_grad_group(&self) -> usize {
+        let group = self.group();
+        if !self.is_pointwise() || group == 1 {
+            return group;
+        }
+        let (rows, own) = (self.col_rows(), self.out_plane());
+        let kc = gemm_depth_block(rows, own, self.c_out);
+        let same = self
+            .group_widths(group)
+            .into_iter()
+            .all(|n| gemm_depth_block(rows, n, self.c_out) == kc);
+        if same { group } else { 1 }
+    }
+
+    /// The widths (`samples · out_plane`) of the gemms the im2col path runs in groups of
+    /// `group` samples: a full group and, if the batch does not divide, the narrower last one.
+    fn group_widths(&self, group: usize) -> Vec<usize> {
+        let mut widths = vec![group.min(self.batch) * self.out_plane()];
+        if self.batch > group && !self.batch.is_multiple_of(group) {
+            widths.push(self.batch % group * self.out_plane());
+        }
+        widths
     }
 
     /// A scratch column matrix for one sample (empty for pointwise convolutions, which read the
@@ -569,9 +617,7 @@ pub fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<
 
 /// [`conv2d_input_grad`] by gemm + col2im.
 fn im2col_conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    // A pointwise convolution's per-sample gemm writes the gradient itself: no grouping.
-    let group = if g.is_pointwise() { 1 } else { g.group() };
-    im2col_conv2d_input_grad_grouped(g, weight, dy, group)
+    im2col_conv2d_input_grad_grouped(g, weight, dy, g.input_grad_group())
 }
 
 /// [`im2col_conv2d_input_grad`] with `group` samples per gemm.
