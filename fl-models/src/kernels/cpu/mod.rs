@@ -189,7 +189,7 @@ pub(crate) fn par_copy(values: &[f32]) -> Vec<f32> {
 }
 
 /// `Σ values`, in eight interleaved partial sums (so it vectorises; the order is fixed).
-#[inline]
+#[inline(always)]
 pub(super) fn sum(values: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let chunks = values.chunks_exact(8);
@@ -445,11 +445,16 @@ impl Conv2dGeometry {
     /// poorly (a quarter of them on 2×2 maps), so it runs in groups too where gemm splits the
     /// depth (`c_out`) into the same blocks either way: then every output keeps its bits (its
     /// chain and block sums are the same, and adding a gemm result, never −0, onto the zeroed
-    /// gradient changes nothing).
+    /// gradient changes nothing). Not on maps under 4 pixels or under 16 input channels: a
+    /// product one column or row wide takes another gemm routine, which sums in another order
+    /// (MobileNetV3's squeeze-and-excitation layers on 1×1 maps, 576 deep, differed).
     fn input_grad_group(&self) -> usize {
         let group = self.group();
         if !self.is_pointwise() || group == 1 {
             return group;
+        }
+        if self.out_plane() < 4 || self.c_in < 16 {
+            return 1;
         }
         let (rows, own) = (self.col_rows(), self.out_plane());
         let kc = gemm_depth_block(rows, own, self.c_out);

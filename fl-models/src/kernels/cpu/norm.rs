@@ -28,7 +28,7 @@ impl NormGeometry {
 }
 
 /// `Σ a·(b − shift)`, in eight interleaved partial sums.
-#[inline]
+#[inline(always)]
 fn dot_centred(a: &[f32], b: &[f32], shift: f32) -> f32 {
     let mut lanes = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -58,27 +58,7 @@ pub fn batch_norm_train_forward(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let stats: Vec<(f32, f32)> = (0..g.channels)
         .into_par_iter()
-        .map(|c| {
-            let mean = g.planes(x, c).map(|p| sum(p) as f64).sum::<f64>() / g.count();
-            let m = mean as f32;
-            let var = g
-                .planes(x, c)
-                .map(|p| {
-                    let centred = |v: &f32| v - m;
-                    let mut lanes = [0.0f32; 8];
-                    let chunks = p.chunks_exact(8);
-                    let rest: f32 = chunks.remainder().iter().map(|v| centred(v).powi(2)).sum();
-                    for chunk in chunks {
-                        for i in 0..8 {
-                            lanes[i] += centred(&chunk[i]).powi(2);
-                        }
-                    }
-                    (lanes.iter().sum::<f32>() + rest) as f64
-                })
-                .sum::<f64>()
-                / g.count();
-            (m, var as f32)
-        })
+        .map(|c| channel_stats(g, x, c))
         .collect();
     // y = a·x + b with a = γ/√(σ²+ε), b = β − μ·a.
     let affine: Vec<(f32, f32)> = stats
@@ -91,15 +71,10 @@ pub fn batch_norm_train_forward(
         .collect();
     let mut y = super::par_zeroed(x.len());
     if g.plane > 0 {
-        y.par_chunks_mut(g.plane)
-            .zip(x.par_chunks(g.plane))
-            .enumerate()
-            .for_each(|(i, (y_p, x_p))| {
-                let (a, b) = affine[i % g.channels];
-                for (o, v) in y_p.iter_mut().zip(x_p) {
-                    *o = a * v + b;
-                }
-            });
+        let sample = g.channels * g.plane;
+        y.par_chunks_mut(sample)
+            .zip(x.par_chunks(sample))
+            .for_each(|(y_s, x_s)| affine_sample(g.plane, &affine, x_s, y_s));
     }
     let (mean, var) = stats.into_iter().unzip();
     (y, mean, var)
@@ -125,15 +100,7 @@ pub fn batch_norm_train_backward(
     // Per channel: Σ dy and Σ dy·(x − μ).
     let sums: Vec<(f64, f64)> = (0..g.channels)
         .into_par_iter()
-        .map(|c| {
-            let sum_dy: f64 = g.planes(dy, c).map(|p| sum(p) as f64).sum();
-            let sum_dy_centred: f64 = g
-                .planes(dy, c)
-                .zip(g.planes(x, c))
-                .map(|(d, v)| dot_centred(d, v, mean[c]) as f64)
-                .sum();
-            (sum_dy, sum_dy_centred)
-        })
+        .map(|c| channel_grad_sums(g, dy, x, c, mean[c]))
         .collect();
     let mut d_gamma = vec![0.0f32; g.channels];
     let mut d_beta = vec![0.0f32; g.channels];
@@ -151,17 +118,108 @@ pub fn batch_norm_train_backward(
         coefficients.push((k as f32, c1 as f32, c0 as f32));
     }
     if g.plane > 0 {
-        grad.par_chunks_mut(g.plane)
-            .zip(x.par_chunks(g.plane))
-            .enumerate()
-            .for_each(|(i, (d_p, x_p))| {
-                let (k, c1, c0) = coefficients[i % g.channels];
-                for (d, v) in d_p.iter_mut().zip(x_p) {
-                    *d = k * *d + c1 * v + c0;
-                }
-            });
+        let sample = g.channels * g.plane;
+        grad.par_chunks_mut(sample)
+            .zip(x.par_chunks(sample))
+            .for_each(|(d_s, x_s)| backward_sample(g.plane, &coefficients, x_s, d_s));
     }
     (d_gamma, d_beta)
+}
+
+// The training passes' loops, compiled for the best tier like the other kernels (every sum
+// keeps its order on any tier), sample by sample so no plane pays an index division (MobileNets'
+// 2×2 and 4×4 planes are a few floats each).
+
+/// Channel `c`'s batch mean and biased variance: per plane in `f32` ([`sum`], eight
+/// interleaved partial sums), across planes in `f64`, in sample order.
+#[inline(always)]
+fn channel_stats_generic(g: &NormGeometry, x: &[f32], c: usize) -> (f32, f32) {
+    let mean = g.planes(x, c).map(|p| sum(p) as f64).sum::<f64>() / g.count();
+    let m = mean as f32;
+    let var = g
+        .planes(x, c)
+        .map(|p| {
+            let centred = |v: &f32| v - m;
+            let mut lanes = [0.0f32; 8];
+            let chunks = p.chunks_exact(8);
+            let rest: f32 = chunks.remainder().iter().map(|v| centred(v).powi(2)).sum();
+            for chunk in chunks {
+                for i in 0..8 {
+                    lanes[i] += centred(&chunk[i]).powi(2);
+                }
+            }
+            (lanes.iter().sum::<f32>() + rest) as f64
+        })
+        .sum::<f64>()
+        / g.count();
+    (m, var as f32)
+}
+
+/// Channel `c`'s `Σ dy` and `Σ dy·(x − μ)`.
+#[inline(always)]
+fn channel_grad_sums_generic(
+    g: &NormGeometry,
+    dy: &[f32],
+    x: &[f32],
+    c: usize,
+    mean: f32,
+) -> (f64, f64) {
+    let sum_dy: f64 = g.planes(dy, c).map(|p| sum(p) as f64).sum();
+    let sum_dy_centred: f64 = g
+        .planes(dy, c)
+        .zip(g.planes(x, c))
+        .map(|(d, v)| dot_centred(d, v, mean) as f64)
+        .sum();
+    (sum_dy, sum_dy_centred)
+}
+
+/// `y = a·x + b` over one sample's `[channels, plane]`, `(a, b)` per channel.
+#[inline(always)]
+fn affine_sample_generic(plane: usize, affine: &[(f32, f32)], x: &[f32], y: &mut [f32]) {
+    for ((y_p, x_p), &(a, b)) in y
+        .chunks_exact_mut(plane)
+        .zip(x.chunks_exact(plane))
+        .zip(affine)
+    {
+        for (o, v) in y_p.iter_mut().zip(x_p) {
+            *o = a * v + b;
+        }
+    }
+}
+
+/// `dx = k·dy + c1·x + c0` over one sample, in place over `dy`.
+#[inline(always)]
+fn backward_sample_generic(
+    plane: usize,
+    coefficients: &[(f32, f32, f32)],
+    x: &[f32],
+    d: &mut [f32],
+) {
+    for ((d_p, x_p), &(k, c1, c0)) in d
+        .chunks_exact_mut(plane)
+        .zip(x.chunks_exact(plane))
+        .zip(coefficients)
+    {
+        for (d, v) in d_p.iter_mut().zip(x_p) {
+            *d = k * *d + c1 * v + c0;
+        }
+    }
+}
+
+best_isa! {
+    fn channel_stats => channel_stats_generic(g: &NormGeometry, x: &[f32], c: usize) -> (f32, f32)
+}
+
+best_isa! {
+    fn channel_grad_sums => channel_grad_sums_generic(g: &NormGeometry, dy: &[f32], x: &[f32], c: usize, mean: f32) -> (f64, f64)
+}
+
+best_isa! {
+    fn affine_sample => affine_sample_generic(plane: usize, affine: &[(f32, f32)], x: &[f32], y: &mut [f32])
+}
+
+best_isa! {
+    fn backward_sample => backward_sample_generic(plane: usize, coefficients: &[(f32, f32, f32)], x: &[f32], d: &mut [f32])
 }
 
 /// `((x − mean) / std) · γ + β` over one sample's `[channels, plane]`, in place, each value

@@ -242,6 +242,10 @@ fn grouping_samples_into_one_gemm_changes_no_bits() {
         assert!(g.input_grad_group() > 1, "{g:?}");
     }
     shapes.extend(pointwise);
+    // MobileNetV3's squeeze-and-excitation layers on 1×1 maps: a one-column product sums in
+    // another order, so these stay one gemm per sample (grouped, they differed).
+    let squeeze = geometry([50, 16, 1, 1], [576, 1, 1], [1, 1], [(0, 0), (0, 0)]);
+    assert_eq!(squeeze.input_grad_group(), 1);
     let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
     at_every_isa(|isa| {
         for g in &shapes {
