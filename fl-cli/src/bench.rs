@@ -402,15 +402,17 @@ fn peak_rss_mib() -> Option<f64> {
 /// inputs, one row per distinct shape, and pFedClub's CNN3 and CNN4 layers on the maps where
 /// their kernel paths differ (3×32×32 and 1×28×28 inputs).
 #[cfg(feature = "flex")]
-const KERNEL_SHAPES: [(&str, [usize; 5]); 18] = [
+const KERNEL_SHAPES: [(&str, [usize; 5]); 20] = [
     ("cnn conv1", [3, 6, 32, 5, 0]),
     ("cnn conv2", [6, 16, 14, 5, 0]),
     ("resnet20 stage 1", [16, 16, 32, 3, 1]),
     ("resnet20 stage 2", [32, 32, 16, 3, 1]),
     ("resnet20 stage 3", [64, 64, 8, 3, 1]),
+    ("resnet20 stage 3 (1×28×28)", [64, 64, 7, 3, 1]),
     ("vgg16 block 1", [64, 64, 32, 3, 1]),
     ("vgg16 block 2", [128, 128, 16, 3, 1]),
     ("vgg16 block 3", [256, 256, 8, 3, 1]),
+    ("vgg16 block 3 (1×28×28)", [256, 256, 7, 3, 1]),
     ("vgg16 block 4", [512, 512, 4, 3, 1]),
     ("vgg16 block 5", [512, 512, 2, 3, 1]),
     ("cnn4 conv5", [64, 128, 8, 3, 1]),
