@@ -25,7 +25,7 @@
 
 use rayon::prelude::*;
 
-use super::{Conv2dGeometry, gemm_depth_block, par_zeroed};
+use super::{Conv2dGeometry, common_depth_block, par_zeroed};
 use crate::kernels::isa::{Isa, uses};
 
 /// Samples per vector (AVX-512 lanes).
@@ -66,10 +66,7 @@ impl Order {
         }
         // The im2col path runs one gemm per group of samples; the last group may be narrower.
         let widths = g.group_widths(g.group());
-        let blocks = |m: usize, k: usize| {
-            let kcs: Vec<usize> = widths.iter().map(|&n| gemm_depth_block(m, n, k)).collect();
-            kcs.iter().all(|&kc| kc == kcs[0]).then_some(kcs[0])
-        };
+        let blocks = |m: usize, k: usize| common_depth_block(m, &widths, k);
         Some(Order {
             from_bias: false,
             forward_kc: blocks(g.c_out, rows)?,

@@ -222,6 +222,16 @@ fn gemm_depth_block(m: usize, n: usize, k: usize) -> usize {
     }
 }
 
+/// The depth block of `m × n` products over `k` for every width `n` in `widths`, if it is the
+/// same for all of them (then they sum every output in the same order), else `None`.
+fn common_depth_block(m: usize, widths: &[usize], k: usize) -> Option<usize> {
+    let kc = gemm_depth_block(m, *widths.first()?, k);
+    widths
+        .iter()
+        .all(|&n| gemm_depth_block(m, n, k) == kc)
+        .then_some(kc)
+}
+
 /// `dst (m×n) = [dst +] lhs (m×k) · rhs (k×n)`, each matrix given as (slice, row stride, column
 /// stride), so transposes are free. Single-threaded: callers parallelise over samples.
 ///
@@ -324,13 +334,12 @@ impl Conv2dGeometry {
         if self.out_plane() < 4 || self.c_in < 16 {
             return 1;
         }
-        let (rows, own) = (self.col_rows(), self.out_plane());
-        let kc = gemm_depth_block(rows, own, self.c_out);
-        let same = self
-            .group_widths(group)
-            .into_iter()
-            .all(|n| gemm_depth_block(rows, n, self.c_out) == kc);
-        if same { group } else { 1 }
+        let mut widths = self.group_widths(group);
+        widths.push(self.out_plane());
+        match common_depth_block(self.col_rows(), &widths, self.c_out) {
+            Some(_) => group,
+            None => 1,
+        }
     }
 
     /// The widths (`samples · out_plane`) of the gemms the im2col path runs in groups of
