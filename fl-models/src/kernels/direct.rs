@@ -57,7 +57,7 @@ fn wide_len(g: &Conv2dGeometry) -> usize {
 }
 
 /// The wide layout of one stride-1 convolution.
-struct Wide {
+pub(super) struct Wide {
     c_in: usize,
     /// Output channels rounded up to the channel tile.
     c_out_padded: usize,
@@ -66,18 +66,19 @@ struct Wide {
     input: [usize; 2],
     pad_begin: [usize; 2],
     /// Padded input rows and columns that valid outputs read: `output + kernel − 1`.
-    padded: [usize; 2],
+    pub(super) padded: [usize; 2],
     output: [usize; 2],
     /// Wide output length per channel: `(oh − 1)·Wp + ow`, rounded up to [`LANES`].
     len: usize,
     /// `offset(k)` for every tap `k = (ci, ky, kx)`, in weight order.
     offsets: Vec<usize>,
     /// Padded input buffer length: every read `offset(k) + p`, `p < len`, is inside.
-    input_len: usize,
+    pub(super) input_len: usize,
 }
 
 impl Wide {
-    fn new(g: &Conv2dGeometry) -> Self {
+    /// The layout of `g`.
+    pub(super) fn new(g: &Conv2dGeometry) -> Self {
         let [kh, kw] = g.kernel;
         let [oh, ow] = g.output;
         let padded = [oh + kh - 1, ow + kw - 1];
@@ -111,7 +112,7 @@ impl Wide {
     /// `buf` must hold zeros everywhere else, which a zeroed buffer written only by this
     /// function (for the same layout) does, so per-thread buffers are zeroed once, not per
     /// sample.
-    fn pad_input(&self, x_n: &[f32], buf: &mut [f32]) {
+    pub(super) fn pad_input(&self, x_n: &[f32], buf: &mut [f32]) {
         let [h, w] = self.input;
         let [hp, wp] = self.padded;
         let [ph, pw] = self.pad_begin;

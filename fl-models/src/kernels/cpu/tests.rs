@@ -386,13 +386,19 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
 fn direct_weight_gradients_without_their_zero_products_keep_their_bits() {
     // 8×8, 14×14 and 16×16 maps under 5×5 kernels (CNN1–CNN4's), a 3×5 kernel on a map that
     // is not square, one and two channel tiles, batches over several chunks with a partial
-    // last one, asymmetric padding.
+    // last one, asymmetric padding; 3×3 kernels on 7×7, 8×8 and 16×16 maps (ResNet-20's,
+    // VGG-16's, CNN4's), unpadded, cut off and on a map that is not square.
     let shapes = [
         geometry([21, 16, 8, 8], [64, 5, 5], [1, 1], [(2, 2), (2, 2)]),
         geometry([9, 7, 8, 8], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
         geometry([17, 5, 7, 8], [64, 3, 5], [1, 1], [(2, 1), (2, 2)]),
         geometry([10, 4, 14, 14], [64, 5, 5], [1, 1], [(2, 2), (2, 2)]),
         geometry([8, 3, 16, 16], [64, 5, 5], [1, 1], [(1, 3), (2, 2)]),
+        geometry([19, 6, 7, 7], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([9, 5, 8, 8], [96, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([5, 3, 16, 16], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([10, 4, 10, 9], [32, 3, 3], [1, 1], [(0, 0), (2, 0)]),
+        geometry([9, 2, 9, 12], [64, 3, 3], [1, 1], [(2, 1), (1, 2)]),
     ];
     let _guard = crate::kernels::isa::test_lock();
     for g in &shapes {
