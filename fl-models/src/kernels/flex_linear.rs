@@ -112,6 +112,14 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> Vec<f32> {
     );
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(k, b.rows, "linear kernel: inner dimensions must match");
+    // `dy · Wᵀ` (the input gradient): the weight read in place instead of packed by gemm.
+    if a.col_stride == 1 && b.row_stride == 1 && cpu::dense::applies(m, n, k) {
+        return cpu::dense::input_grad(
+            (&a.data[a.start..], a.row_stride as usize),
+            (&b.data[b.start..], b.col_stride as usize),
+            [m, n, k],
+        );
+    }
     let mut out = cpu::par_zeroed(m * n);
     if m == 0 || n == 0 || k == 0 {
         return out;

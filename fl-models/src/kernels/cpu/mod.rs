@@ -40,6 +40,7 @@ macro_rules! best_isa {
 
 mod act;
 mod columns;
+pub(super) mod dense;
 mod depthwise;
 mod direct_wgrad;
 mod lanes;
