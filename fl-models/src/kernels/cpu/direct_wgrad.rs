@@ -143,7 +143,7 @@ fn chunk(
 }
 
 /// Output gradients channel-minor, `[sample][pixel][c_out]`: a pixel's channels are vectors.
-fn channel_minor(g: &Conv2dGeometry, dy: &[f32]) -> Vec<f32> {
+pub(super) fn channel_minor(g: &Conv2dGeometry, dy: &[f32]) -> Vec<f32> {
     let pixels = g.out_plane();
     let mut dy_t = vec![0.0f32; dy.len()];
     for (src, dst) in dy
@@ -190,7 +190,7 @@ fn class_streams(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(super) mod avx512 {
     use super::{CHANNEL_TILE, CHANNEL_TILE_3X3, Conv2dGeometry, LANES, Wide};
     use std::arch::x86_64::*;
 
@@ -218,7 +218,7 @@ mod avx512 {
     /// # Safety
     /// AVX-512F; `(co0 + 16·V) · taps <= dw.len()` and `k0 + T <= taps`.
     #[target_feature(enable = "avx512f")]
-    unsafe fn store_tile<const V: usize, const T: usize>(
+    pub(in crate::kernels::cpu) unsafe fn store_tile<const V: usize, const T: usize>(
         total: &[[__m512; T]; V],
         [co0, k0, taps]: [usize; 3],
         dw: &mut [f32],

@@ -48,6 +48,7 @@ mod narrow;
 mod norm;
 mod path;
 mod pool;
+mod sample_wgrad;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -597,6 +598,7 @@ pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
         WeightGradPath::DirectWithoutZeros => direct_wgrad::weight_grad(g, x, dy),
         WeightGradPath::Direct => super::direct::conv2d_weight_grad(g, x, dy),
         WeightGradPath::SmallMap => narrow::weight_grad(g, x, dy),
+        WeightGradPath::WithoutColumns => sample_wgrad::weight_grad(g, x, dy),
         WeightGradPath::Im2col => im2col_conv2d_weight_grad(g, x, dy),
     }
 }

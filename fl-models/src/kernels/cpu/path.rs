@@ -1,7 +1,7 @@
 //! Which kernels run a convolution: the one choice the entry points in `mod.rs` make and
 //! `fl bench --kernels` prints.
 
-use super::{Conv2dGeometry, direct_wgrad, lanes, narrow};
+use super::{Conv2dGeometry, direct_wgrad, lanes, narrow, sample_wgrad};
 
 /// The kernels that run a convolution's forward pass and input gradient.
 pub(super) enum PassPath {
@@ -44,6 +44,8 @@ pub(super) enum WeightGradPath {
     Direct,
     /// The small-map kernel (`narrow.rs`), in gemm's order.
     SmallMap,
+    /// The im2col path's sums without its column matrix (`sample_wgrad.rs`).
+    WithoutColumns,
     /// im2col + one gemm per sample.
     Im2col,
 }
@@ -56,6 +58,8 @@ impl WeightGradPath {
             Self::Direct
         } else if narrow::applies(g) {
             Self::SmallMap
+        } else if sample_wgrad::applies(g) {
+            Self::WithoutColumns
         } else {
             Self::Im2col
         }
@@ -66,6 +70,7 @@ impl WeightGradPath {
             Self::DirectWithoutZeros => "direct without zero products",
             Self::Direct => "direct",
             Self::SmallMap => "small-map",
+            Self::WithoutColumns => "im2col's sums without the column matrix",
             Self::Im2col => "im2col + gemm",
         }
     }

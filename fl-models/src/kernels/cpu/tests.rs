@@ -422,6 +422,36 @@ fn direct_weight_gradients_without_their_zero_products_keep_their_bits() {
 }
 
 #[test]
+fn weight_gradients_without_the_column_matrix_keep_the_im2col_bits() {
+    // CNN3's 7×7 layer on 1×28×28 inputs, a 5×5 map, a 3×5 kernel on a map that is not
+    // square, asymmetric padding, one and two channel tiles, partial last chunks.
+    let shapes = [
+        geometry([19, 6, 7, 7], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([9, 4, 5, 5], [64, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([10, 3, 6, 9], [64, 3, 5], [1, 1], [(1, 1), (0, 2)]),
+        geometry([3, 2, 8, 7], [64, 5, 5], [1, 1], [(3, 1), (2, 2)]),
+    ];
+    let _guard = crate::kernels::isa::test_lock();
+    for g in &shapes {
+        assert_eq!(
+            matches!(WeightGradPath::of(g), WeightGradPath::WithoutColumns),
+            Isa::active() == Isa::Avx512,
+            "{g:?}: path"
+        );
+        let x = values(g.batch * g.input_len(), 43);
+        let dy = values(g.batch * g.output_len(), 44);
+        let (dw, db) = conv2d_weight_grad(g, &x, &dy);
+        let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
+        assert_eq!(
+            first_difference(&dw, &dw_ref),
+            None,
+            "{g:?}: weight gradient"
+        );
+        assert_eq!(first_difference(&db, &db_ref), None, "{g:?}: bias gradient");
+    }
+}
+
+#[test]
 fn results_do_not_depend_on_the_thread_count() {
     // Both runs on the same instruction tier: other tests cap it while they hold this lock.
     let _guard = crate::kernels::isa::test_lock();

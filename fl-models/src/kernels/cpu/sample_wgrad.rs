@@ -1,0 +1,164 @@
+//! Weight gradients of 5-wide kernels on maps the direct kernels leave to im2col (CNN3's 7×7
+//! layer on 1×28×28 inputs), in gemm's order without the column matrix.
+//!
+//! The im2col path adds, sample by sample of an 8-sample chunk, one gemm product
+//! `dy_n · cols_nᵀ` onto the weight gradient. On maps up to 256 pixels each output of that
+//! product is a single chain of fused multiply-adds over the pixels in ascending order, from
+//! +0 (one gemm depth block; no special routine takes these shapes), stored for the chunk's
+//! first sample and added onto the running sum for the others. This kernel runs the same
+//! chains with 64 output channels in four vectors × one kernel row of taps per register tile,
+//! reading a zero-padded copy of the input instead of a column matrix; its padding products
+//! are zeros, which gemm multiplies too. Results are the im2col path's bit for bit (a test
+//! compares them).
+
+use super::direct_wgrad::channel_minor;
+use super::{Conv2dGeometry, chunk_bias_grad, sum_over_chunks};
+use crate::kernels::direct::Wide;
+use crate::kernels::isa::{Isa, uses};
+
+/// Output channels per register tile: four vectors.
+const CHANNEL_TILE: usize = 64;
+/// The kernel width this kernel takes: one kernel row of taps per register tile.
+const KERNEL_WIDTH: usize = 5;
+/// The largest map: products at most this deep are one gemm depth block.
+const MAX_PIXELS: usize = 256;
+
+/// Whether [`weight_grad`] computes `g`'s weight gradient in the im2col path's order: stride-1
+/// convolutions with 5-wide kernels on 17–256-pixel maps, output channels in whole tiles. The
+/// caller takes it only where the im2col path would run (neither direct kernel applies).
+pub(super) fn applies(g: &Conv2dGeometry) -> bool {
+    cfg!(target_arch = "x86_64")
+        && g.batch > 0
+        && g.stride == [1, 1]
+        && g.kernel[1] == KERNEL_WIDTH
+        && (17..=MAX_PIXELS).contains(&g.out_plane())
+        && g.c_in > 0
+        && g.c_out.is_multiple_of(CHANNEL_TILE)
+        && uses(Isa::Avx512)
+}
+
+/// Weight and bias gradients, the same contract and bits as the im2col path's.
+pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let wide = Wide::new(g);
+    sum_over_chunks(g.batch, |samples| chunk(g, &wide, x, dy, samples))
+}
+
+/// The weight and bias gradients of some consecutive samples.
+fn chunk(
+    g: &Conv2dGeometry,
+    wide: &Wide,
+    x: &[f32],
+    dy: &[f32],
+    samples: std::ops::Range<usize>,
+) -> (Vec<f32>, Vec<f32>) {
+    let x = &x[samples.start * g.input_len()..samples.end * g.input_len()];
+    let dy = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
+    let db = chunk_bias_grad(dy, g.c_out, g.out_plane());
+    let dy_t = channel_minor(g, dy);
+    let count = samples.len();
+    let mut padded = vec![0.0f32; count * wide.input_len];
+    for (x_n, buf) in x
+        .chunks(g.input_len())
+        .zip(padded.chunks_mut(wide.input_len))
+    {
+        wide.pad_input(x_n, buf);
+    }
+    let mut dw = vec![0.0f32; g.c_out * g.col_rows()];
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `applies` checked AVX-512F, a 5-wide kernel, stride 1 and whole channel tiles;
+    // the buffers are sized from `g` and `wide` above.
+    unsafe {
+        let args = avx512::Chunk {
+            g,
+            wide,
+            count,
+            padded: &padded,
+            dy_t: &dy_t,
+        };
+        for ci in 0..g.c_in {
+            for co0 in (0..g.c_out).step_by(CHANNEL_TILE) {
+                for ky in 0..g.kernel[0] {
+                    avx512::kernel_row(&args, [co0, ci, ky], &mut dw);
+                }
+            }
+        }
+    }
+    (dw, db)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::super::direct_wgrad::avx512::store_tile;
+    use super::{CHANNEL_TILE, Conv2dGeometry, KERNEL_WIDTH, Wide};
+    use std::arch::x86_64::*;
+
+    const VECTORS: usize = CHANNEL_TILE / 16;
+
+    /// One chunk of samples: `count` zero-padded inputs in `wide`'s layout and their output
+    /// gradients `[count][out_plane][c_out]`.
+    pub(super) struct Chunk<'a> {
+        pub(super) g: &'a Conv2dGeometry,
+        pub(super) wide: &'a Wide,
+        pub(super) count: usize,
+        pub(super) padded: &'a [f32],
+        pub(super) dy_t: &'a [f32],
+    }
+
+    /// `dw[co0..co0 + 64, (ci, ky, kx)]` for every `kx`: per sample a chain over the pixels in
+    /// ascending order, stored for the first sample and added onto the sum for the others.
+    ///
+    /// # Safety
+    /// AVX-512F; `g.kernel[1] == 5`, stride 1, `wide` is `g`'s layout, `padded` holds `count`
+    /// padded inputs of `wide.input_len` floats, `dy_t` their output gradients
+    /// `[count][out_plane][c_out]`, `dw` `c_out · c_in·kh·5` floats, `co0 + 64 <= c_out`,
+    /// `ci < c_in` and `ky < kh`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn kernel_row(chunk: &Chunk, [co0, ci, ky]: [usize; 3], dw: &mut [f32]) {
+        let Chunk {
+            g,
+            wide,
+            count,
+            padded,
+            dy_t,
+        } = *chunk;
+        let ([hp, wp], [oh, ow]) = (wide.padded, g.output);
+        assert!(g.kernel[1] == KERNEL_WIDTH && ky < g.kernel[0] && g.stride == [1, 1]);
+        assert!(co0 + CHANNEL_TILE <= g.c_out && ci < g.c_in && count > 0);
+        assert!(padded.len() >= count * wide.input_len && dy_t.len() >= count * g.output_len());
+        assert!((ci + 1) * hp * wp <= wide.input_len && hp == oh + g.kernel[0] - 1);
+        // SAFETY: the asserts bound every access: pixel `(oy, ox)` reads the padded input at
+        // `ci·Hp·Wp + (oy + ky)·Wp + ox + kx < (ci + 1)·Hp·Wp` (`oy + ky < Hp`,
+        // `ox + kx < Wp`) and the output gradient at `pixel·c_out + co0 + 64 <= output_len`.
+        unsafe {
+            let mut sum = [[_mm512_setzero_ps(); KERNEL_WIDTH]; VECTORS];
+            for n in 0..count {
+                let x = padded
+                    .as_ptr()
+                    .add(n * wide.input_len + ci * hp * wp + ky * wp);
+                let dy = dy_t.as_ptr().add(n * g.output_len() + co0);
+                let mut acc = [[_mm512_setzero_ps(); KERNEL_WIDTH]; VECTORS];
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let d = dy.add((oy * ow + ox) * g.c_out);
+                        let dv: [__m512; VECTORS] =
+                            std::array::from_fn(|v| _mm512_loadu_ps(d.add(v * 16)));
+                        let xp = x.add(oy * wp + ox);
+                        for kx in 0..KERNEL_WIDTH {
+                            let xb = _mm512_set1_ps(*xp.add(kx));
+                            for (v, a) in acc.iter_mut().enumerate() {
+                                a[kx] = _mm512_fmadd_ps(dv[v], xb, a[kx]);
+                            }
+                        }
+                    }
+                }
+                for (s, a) in sum.iter_mut().zip(&acc) {
+                    for (s, a) in s.iter_mut().zip(a) {
+                        *s = if n == 0 { *a } else { _mm512_add_ps(*s, *a) };
+                    }
+                }
+            }
+            let row = (ci * g.kernel[0] + ky) * KERNEL_WIDTH;
+            store_tile(&sum, [co0, row, g.col_rows()], dw);
+        }
+    }
+}
