@@ -112,7 +112,7 @@ impl Wide {
     /// `buf` must hold zeros everywhere else, which a zeroed buffer written only by this
     /// function (for the same layout) does, so per-thread buffers are zeroed once, not per
     /// sample.
-    pub(super) fn pad_input(&self, x_n: &[f32], buf: &mut [f32]) {
+    fn pad_input(&self, x_n: &[f32], buf: &mut [f32]) {
         let [h, w] = self.input;
         let [hp, wp] = self.padded;
         let [ph, pw] = self.pad_begin;
@@ -132,6 +132,17 @@ impl Wide {
                 dst[r * wp + pw..][..cols].copy_from_slice(row);
             }
         }
+    }
+
+    /// Zero-padded copies of `count` consecutive samples (`x`, `sample_len` floats each), one
+    /// every `input_len` floats.
+    pub(super) fn pad_inputs(&self, x: &[f32], sample_len: usize, count: usize) -> Vec<f32> {
+        let mut padded = vec![0.0f32; count * self.input_len];
+        for n in 0..count {
+            let buf = &mut padded[n * self.input_len..(n + 1) * self.input_len];
+            self.pad_input(&x[n * sample_len..(n + 1) * sample_len], buf);
+        }
+        padded
     }
 
     /// Spreads one sample's output gradient `[c_out, oh, ow]` into the wide layout. Like
@@ -377,17 +388,13 @@ fn weight_grad_chunk(
     samples: std::ops::Range<usize>,
 ) -> (Vec<f32>, Vec<f32>) {
     let count = samples.len();
-    let mut inputs = vec![0.0f32; count * wide.input_len];
+    let first = &x[samples.start * g.input_len()..];
+    let inputs = wide.pad_inputs(first, g.input_len(), count);
     let wide_dy_len = wide.c_out_padded * wide.len;
     let mut grads = vec![0.0f32; count * wide_dy_len];
     let mut db = vec![0.0f32; g.c_out];
     for (i, n) in samples.enumerate() {
-        let x_n = &x[n * g.input_len()..(n + 1) * g.input_len()];
         let dy_n = &dy[n * g.output_len()..(n + 1) * g.output_len()];
-        wide.pad_input(
-            x_n,
-            &mut inputs[i * wide.input_len..(i + 1) * wide.input_len],
-        );
         wide.widen(
             dy_n,
             g.c_out,

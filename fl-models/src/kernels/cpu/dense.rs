@@ -156,18 +156,8 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::cpu::tests::values;
     use crate::kernels::isa::test_lock;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        (0..len)
-            .map(|i| {
-                let v = (i as u32)
-                    .wrapping_mul(2654435761)
-                    .wrapping_add(seed.wrapping_mul(97));
-                ((v >> 8) % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
 
     #[test]
     fn input_gradients_are_gemms_bits() {

@@ -89,13 +89,7 @@ fn chunk(
     // buffers are sized from `g` and `wide` above and below.
     unsafe {
         if let Some(wide) = wide {
-            let mut padded = vec![0.0f32; count * wide.input_len];
-            for (x_n, buf) in x
-                .chunks(g.input_len())
-                .zip(padded.chunks_mut(wide.input_len))
-            {
-                wide.pad_input(x_n, buf);
-            }
+            let padded = wide.pad_inputs(x, g.input_len(), count);
             // Per class, the padded-input offset of each (sample, pixel) in chain order.
             let wp = wide.padded[1];
             let reads: Vec<Vec<usize>> = classes

@@ -56,13 +56,7 @@ fn chunk(
     let db = chunk_bias_grad(dy, g.c_out, g.out_plane());
     let dy_t = channel_minor(g, dy);
     let count = samples.len();
-    let mut padded = vec![0.0f32; count * wide.input_len];
-    for (x_n, buf) in x
-        .chunks(g.input_len())
-        .zip(padded.chunks_mut(wide.input_len))
-    {
-        wide.pad_input(x_n, buf);
-    }
+    let padded = wide.pad_inputs(x, g.input_len(), count);
     let mut dw = vec![0.0f32; g.c_out * g.col_rows()];
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `applies` checked AVX-512F, a 5-wide kernel, stride 1 and whole channel tiles;

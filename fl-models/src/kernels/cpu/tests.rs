@@ -60,7 +60,8 @@ fn naive_conv(g: &Conv2dGeometry, x: &[f32], w: &[f32], b: &[f32]) -> Vec<f32> {
     y
 }
 
-fn values(len: usize, seed: u32) -> Vec<f32> {
+/// Deterministic pseudo-random values in [−1, 1].
+pub(crate) fn values(len: usize, seed: u32) -> Vec<f32> {
     (0..len)
         .map(|i| {
             let v = (i as u32)
