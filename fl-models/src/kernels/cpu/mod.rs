@@ -49,6 +49,7 @@ mod norm;
 mod path;
 mod pool;
 mod sample_wgrad;
+mod single_pixel;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -599,6 +600,7 @@ pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
         WeightGradPath::Direct => super::direct::conv2d_weight_grad(g, x, dy),
         WeightGradPath::SmallMap => narrow::weight_grad(g, x, dy),
         WeightGradPath::WithoutColumns => sample_wgrad::weight_grad(g, x, dy),
+        WeightGradPath::SinglePixel => single_pixel::weight_grad(g, x, dy),
         WeightGradPath::Im2col => im2col_conv2d_weight_grad(g, x, dy),
     }
 }

@@ -1,7 +1,7 @@
 //! Which kernels run a convolution: the one choice the entry points in `mod.rs` make and
 //! `fl bench --kernels` prints.
 
-use super::{Conv2dGeometry, direct_wgrad, lanes, narrow, sample_wgrad};
+use super::{Conv2dGeometry, direct_wgrad, lanes, narrow, sample_wgrad, single_pixel};
 
 /// The kernels that run a convolution's forward pass and input gradient.
 pub(super) enum PassPath {
@@ -46,6 +46,8 @@ pub(super) enum WeightGradPath {
     SmallMap,
     /// The im2col path's sums without its column matrix (`sample_wgrad.rs`).
     WithoutColumns,
+    /// One output pixel: the im2col path's sums per channel (`single_pixel.rs`).
+    SinglePixel,
     /// im2col + one gemm per sample.
     Im2col,
 }
@@ -60,6 +62,8 @@ impl WeightGradPath {
             Self::SmallMap
         } else if sample_wgrad::applies(g) {
             Self::WithoutColumns
+        } else if single_pixel::applies(g) {
+            Self::SinglePixel
         } else {
             Self::Im2col
         }
@@ -71,6 +75,7 @@ impl WeightGradPath {
             Self::Direct => "direct",
             Self::SmallMap => "small-map",
             Self::WithoutColumns => "im2col's sums without the column matrix",
+            Self::SinglePixel => "one pixel: im2col's sums per channel",
             Self::Im2col => "im2col + gemm",
         }
     }

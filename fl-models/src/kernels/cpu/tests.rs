@@ -453,6 +453,42 @@ fn weight_gradients_without_the_column_matrix_keep_the_im2col_bits() {
 }
 
 #[test]
+fn single_pixel_weight_gradients_keep_the_im2col_bits() {
+    // VGG-16's 1×1 maps under 3×3 kernels (c_out above and below 16: both orientations of the
+    // gemm replaced), a squeeze-and-excitation 1×1 layer, a strided layer whose one pixel reads
+    // part of a 2×3 input, asymmetric padding; batches over several chunks and a partial one.
+    let shapes = [
+        geometry([19, 40, 1, 1], [24, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([9, 33, 1, 1], [10, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([17, 72, 1, 1], [40, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([8, 20, 2, 3], [18, 3, 3], [2, 2], [(1, 0), (1, 0)]),
+        geometry([3, 12, 2, 2], [5, 5, 3], [3, 3], [(2, 1), (1, 0)]),
+    ];
+    at_every_isa(|isa| {
+        for g in &shapes {
+            assert!(
+                matches!(WeightGradPath::of(g), WeightGradPath::SinglePixel),
+                "{g:?}: path"
+            );
+            let x = values(g.batch * g.input_len(), 51);
+            let dy = values(g.batch * g.output_len(), 52);
+            // Also channels whose gradients are all negative (their padding rows are −0),
+            // and a non-finite gradient.
+            let mut dy_neg: Vec<f32> = dy.iter().map(|v| -v.abs() - 0.5).collect();
+            dy_neg[g.c_out + 1] = f32::INFINITY;
+            for dy in [&dy, &dy_neg] {
+                let (dw, db) = conv2d_weight_grad(g, &x, dy);
+                let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, dy);
+                assert_eq!((dw.len(), db.len()), (dw_ref.len(), db_ref.len()));
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&dw), bits(&dw_ref), "{isa:?} {g:?}: weight gradient");
+                assert_eq!(bits(&db), bits(&db_ref), "{isa:?} {g:?}: bias gradient");
+            }
+        }
+    });
+}
+
+#[test]
 fn results_do_not_depend_on_the_thread_count() {
     // Both runs on the same instruction tier: other tests cap it while they hold this lock.
     let _guard = crate::kernels::isa::test_lock();
