@@ -18,11 +18,17 @@
 //! im2col + gemm builds a column matrix `kh·kw` times the input per sample, twice per training
 //! step (forward and weight gradient); on the small feature maps of the CIFAR models building
 //! it cost more than the multiply-adds. Used on x86-64 CPUs with AVX-512F for maps where the
-//! wide layout wastes little (see [`applies`]); elsewhere the im2col path in `cpu.rs` runs. Sums run in a fixed order, so results do not depend on the
-//! thread count.
+//! wide layout wastes little (see [`applies`]); elsewhere the im2col path in `cpu.rs` runs.
+//! Where each output row's own vectors are fewer than the wide length's (16×16 and 32×32 maps,
+//! 14×14 ones under 5×5 kernels), the forward pass and input gradient compute those instead
+//! (`direct/rows.rs`), with the same sums. Sums run in a fixed order, so results do not depend
+//! on the thread count.
 
 use super::cpu::Conv2dGeometry;
 use rayon::prelude::*;
+
+mod rows;
+use rows::{forward_rows, scatter_rows};
 
 /// Floats per AVX-512 vector: the wide rows are padded to a multiple of it.
 const LANES: usize = 16;
@@ -70,6 +76,12 @@ pub(super) struct Wide {
     output: [usize; 2],
     /// Wide output length per channel: `(oh − 1)·Wp + ow`, rounded up to [`LANES`].
     len: usize,
+    /// Whether the forward pass and input gradient compute each output row's own vectors
+    /// ([`RowVectors`](rows::RowVectors)) instead of the wide length.
+    by_rows: bool,
+    /// How far past a tap's offset any kernel reads or writes: `len`, or the end of the last
+    /// row's last vector if that is further.
+    reach: usize,
     /// `offset(k)` for every tap `k = (ci, ky, kx)`, in weight order.
     offsets: Vec<usize>,
     /// Padded input buffer length: every read `offset(k) + p`, `p < len`, is inside.
@@ -92,7 +104,14 @@ impl Wide {
                 }
             }
         }
-        let input_len = offsets.last().copied().unwrap_or(0) + len;
+        let row_vectors = ow.div_ceil(LANES);
+        let by_rows = oh * row_vectors < len / LANES;
+        let reach = if by_rows {
+            len.max((oh - 1) * padded[1] + row_vectors * LANES)
+        } else {
+            len
+        };
+        let input_len = offsets.last().copied().unwrap_or(0) + reach;
         let channel_tile = channel_tile(g.c_out);
         Wide {
             c_in: g.c_in,
@@ -103,6 +122,8 @@ impl Wide {
             padded,
             output: g.output,
             len,
+            by_rows,
+            reach,
             offsets,
             input_len,
         }
@@ -188,27 +209,38 @@ pub(super) fn conv2d_forward(
     weight: &[f32],
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
-    let wide = Wide::new(g);
+    forward_in(&Wide::new(g), g, x, weight, bias)
+}
+
+/// [`conv2d_forward`] in the layout `wide` (by rows or not).
+fn forward_in(
+    wide: &Wide,
+    g: &Conv2dGeometry,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
     let packed = pack_weights(weight, g.c_out, wide.offsets.len(), wide.channel_tile);
     let mut bias_padded = vec![0.0f32; wide.c_out_padded];
     if let Some(bias) = bias {
         bias_padded[..g.c_out].copy_from_slice(bias);
     }
     let [oh, ow] = g.output;
+    let rows = wide.by_rows.then(|| wide.row_vectors());
     let mut y = super::cpu::par_zeroed(g.batch * g.output_len());
     y.par_chunks_mut(g.output_len())
         .zip(x.par_chunks(g.input_len()))
         .for_each_init(
-            || Scratch::new(&wide),
+            || Scratch::new(wide),
             |scratch, (y_n, x_n)| {
                 wide.pad_input(x_n, &mut scratch.input);
-                forward_wide(
-                    &wide,
-                    &scratch.input,
-                    &packed,
-                    &bias_padded,
-                    &mut scratch.output,
-                );
+                let args = (wide, &scratch.input[..], &packed[..], &bias_padded[..]);
+                if let Some(rows) = &rows {
+                    // Straight into the output: no thrown-away columns to drop.
+                    forward_rows(args, rows, g.c_out, y_n);
+                    return;
+                }
+                forward_wide(args, &mut scratch.output);
                 let wp = wide.padded[1];
                 for co in 0..g.c_out {
                     for oy in 0..oh {
@@ -223,7 +255,11 @@ pub(super) fn conv2d_forward(
 
 /// Input gradient (stride 1), the same contract as `cpu::conv2d_input_grad`.
 pub(super) fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    let wide = Wide::new(g);
+    input_grad_in(&Wide::new(g), g, weight, dy)
+}
+
+/// [`conv2d_input_grad`] in the layout `wide` (by rows or not).
+fn input_grad_in(wide: &Wide, g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
     // Tiles over input channels now: W as [c_in_padded / tile][kh·kw][c_out][tile].
     let tile = channel_tile(g.c_in);
     let c_in_padded = g.c_in.next_multiple_of(tile);
@@ -239,8 +275,8 @@ pub(super) fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) 
     }
     let plane = wide.padded[0] * wide.padded[1];
     // Padded input gradient: every channel tile's writes stay inside (the last tap's offset
-    // plus the wide length).
-    let padded_len = (c_in_padded - 1) * plane + wide.offsets[taps - 1] + wide.len;
+    // plus the reach of the pixel vectors).
+    let padded_len = (c_in_padded - 1) * plane + wide.offsets[taps - 1] + wide.reach;
     let [h, w] = g.input;
     let [ph, pw] = g.pad_begin;
     let wp = wide.padded[1];
@@ -249,23 +285,27 @@ pub(super) fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) 
         h.min(wide.padded[0].saturating_sub(ph)),
         w.min(wp.saturating_sub(pw)),
     );
+    let by_rows = wide.by_rows.then(|| wide.row_vectors());
+    // The wide layout's output gradient buffer (reading by rows takes `dy` as it is).
+    let wide_dy_len = if by_rows.is_some() {
+        0
+    } else {
+        g.c_out * wide.len
+    };
     let mut dx = super::cpu::par_zeroed(g.batch * g.input_len());
     dx.par_chunks_mut(g.input_len())
         .zip(dy.par_chunks(g.output_len()))
         .for_each_init(
-            || (vec![0.0f32; g.c_out * wide.len], vec![0.0f32; padded_len]),
+            || (vec![0.0f32; wide_dy_len], vec![0.0f32; padded_len]),
             |(wide_dy, dx_padded), (dx_n, dy_n)| {
-                wide.widen(dy_n, g.c_out, wide_dy);
                 dx_padded.fill(0.0);
-                scatter_wide(
-                    &wide,
-                    g.c_out,
-                    tile,
-                    c_in_padded,
-                    wide_dy,
-                    &packed,
-                    dx_padded,
-                );
+                let layout = (wide, g.c_out, tile, c_in_padded);
+                if let Some(vectors) = &by_rows {
+                    scatter_rows(layout, dy_n, vectors, &packed, dx_padded);
+                } else {
+                    wide.widen(dy_n, g.c_out, wide_dy);
+                    scatter_wide(layout, wide_dy, &packed, dx_padded);
+                }
                 for ci in 0..g.c_in {
                     for iy in 0..rows {
                         dx_n[(ci * h + iy) * w..][..cols].copy_from_slice(
@@ -290,6 +330,40 @@ pub(super) fn conv2d_weight_grad(
     })
 }
 
+/// Whether `g` runs by [`RowVectors`](rows::RowVectors).
+#[cfg(test)]
+pub(super) fn runs_by_rows(g: &Conv2dGeometry) -> bool {
+    Wide::new(g).by_rows
+}
+
+/// `g`'s layout computing the whole wide length even where it would run by rows: the reference
+/// the tests compare the row vectors with.
+#[cfg(test)]
+fn wide_only(g: &Conv2dGeometry) -> Wide {
+    let mut wide = Wide::new(g);
+    wide.by_rows = false;
+    wide.reach = wide.len;
+    wide.input_len = wide.offsets.last().copied().unwrap_or(0) + wide.len;
+    wide
+}
+
+/// [`conv2d_forward`] in the wide layout (see [`wide_only`]).
+#[cfg(test)]
+pub(super) fn wide_forward(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    forward_in(&wide_only(g), g, x, weight, bias)
+}
+
+/// [`conv2d_input_grad`] in the wide layout (see [`wide_only`]).
+#[cfg(test)]
+pub(super) fn wide_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    input_grad_in(&wide_only(g), g, weight, dy)
+}
+
 /// Per-thread buffers: one padded input, one wide output.
 struct Scratch {
     input: Vec<f32>,
@@ -300,14 +374,26 @@ impl Scratch {
     fn new(wide: &Wide) -> Self {
         Scratch {
             input: vec![0.0; wide.input_len],
-            output: vec![0.0; wide.c_out_padded * wide.len],
+            output: vec![
+                0.0;
+                if wide.by_rows {
+                    0
+                } else {
+                    wide.c_out_padded * wide.len
+                }
+            ],
         }
     }
 }
 
+/// The forward kernels' operands: the layout, one padded input, the packed weights and the
+/// padded bias.
+type ForwardArgs<'a> = (&'a Wide, &'a [f32], &'a [f32], &'a [f32]);
+
 /// `out[co, p] = bias[co] + Σ_k W[co, k] · input[offset(k) + p]` for all padded channels and
 /// `p < len`.
-fn forward_wide(wide: &Wide, input: &[f32], packed: &[f32], bias: &[f32], out: &mut [f32]) {
+fn forward_wide(args: ForwardArgs, out: &mut [f32]) {
+    let (wide, input, packed, bias) = args;
     let taps = wide.offsets.len();
     assert!(input.len() >= wide.input_len, "direct conv: input buffer");
     assert!(
@@ -323,7 +409,6 @@ fn forward_wide(wide: &Wide, input: &[f32], packed: &[f32], bias: &[f32], out: &
             // Tiles of C channels × P vectors of pixels (then single vectors for the rest of
             // the wide length), the fastest shapes measured on 8×8 to 32×32 maps: 8×3 runs at
             // 72% of the FMA peak, 6–10% above 8×2.
-            let args = (wide, input, packed, bias);
             match wide.channel_tile {
                 8 => avx512::forward_tiles::<8, 3>(args, out),
                 6 => avx512::forward_tiles::<6, 4>(args, out),
@@ -335,30 +420,33 @@ fn forward_wide(wide: &Wide, input: &[f32], packed: &[f32], bias: &[f32], out: &
     unreachable!("direct convolution is only used on x86-64");
 }
 
-/// `dx[ci, offset(ky, kx) + p] += Σ_co W[co, ci, ky, kx] · dy[co, p]` for all padded input
-/// channels, taps and `p < len`, onto the padded input gradient `dx`.
-fn scatter_wide(
-    wide: &Wide,
-    c_out: usize,
-    tile: usize,
-    c_in_padded: usize,
-    wide_dy: &[f32],
-    packed: &[f32],
-    dx: &mut [f32],
-) {
+/// The input-gradient kernels' layout: the convolution's, `c_out`, the input-channel tile and
+/// the input channels rounded up to it.
+type ScatterLayout<'a> = (&'a Wide, usize, usize, usize);
+
+/// Checks the buffers every input-gradient kernel shares.
+fn check_scatter(layout: ScatterLayout, packed: &[f32], dx: &[f32]) {
+    let (wide, c_out, _, c_in_padded) = layout;
     let taps = wide.offsets.len() / wide.c_in;
     let plane = wide.padded[0] * wide.padded[1];
-    assert!(
-        wide_dy.len() >= c_out * wide.len,
-        "direct conv: gradient buffer"
-    );
     assert!(
         packed.len() >= c_in_padded * taps * c_out,
         "direct conv: weights"
     );
     assert!(
-        dx.len() >= (c_in_padded - 1) * plane + wide.offsets[taps - 1] + wide.len,
+        dx.len() >= (c_in_padded - 1) * plane + wide.offsets[taps - 1] + wide.reach,
         "direct conv: input gradient buffer"
+    );
+}
+
+/// `dx[ci, offset(ky, kx) + p] += Σ_co W[co, ci, ky, kx] · dy[co, p]` for all padded input
+/// channels, taps and `p < len`, onto the padded input gradient `dx`.
+fn scatter_wide(layout: ScatterLayout, wide_dy: &[f32], packed: &[f32], dx: &mut [f32]) {
+    let (wide, c_out, tile, c_in_padded) = layout;
+    check_scatter(layout, packed, dx);
+    assert!(
+        wide_dy.len() >= c_out * wide.len,
+        "direct conv: gradient buffer"
     );
     #[cfg(target_arch = "x86_64")]
     {

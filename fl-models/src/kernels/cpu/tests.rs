@@ -453,6 +453,50 @@ fn weight_gradients_without_the_column_matrix_keep_the_im2col_bits() {
 }
 
 #[test]
+fn direct_kernels_by_rows_keep_the_wide_bits() {
+    // 16×16 and 32×32 maps under 3×3 and 5×5 kernels (one and two vectors per row), 14×14 and
+    // 12×30 ones (a partial last vector per row), asymmetric padding; channel counts that leave
+    // a partial channel tile on both sides (13: tile 8), several samples.
+    let shapes = [
+        geometry([3, 5, 16, 16], [13, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([2, 9, 16, 16], [16, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([2, 3, 32, 32], [12, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([3, 6, 14, 14], [20, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([2, 8, 12, 30], [6, 5, 5], [1, 1], [(2, 2), (1, 3)]),
+    ];
+    use crate::kernels::direct;
+    let _guard = crate::kernels::isa::test_lock();
+    if Isa::active() < Isa::Avx512 {
+        return;
+    }
+    for g in &shapes {
+        let x = values(g.batch * g.input_len(), 61);
+        let w = values(g.weight_len(), 62);
+        let b = values(g.c_out, 63);
+        let dy = values(g.batch * g.output_len(), 64);
+        assert!(direct::runs_by_rows(g), "{g:?}: runs by rows");
+        for bias in [Some(&b[..]), None] {
+            let y = direct::conv2d_forward(g, &x, &w, bias);
+            let y_ref = direct::wide_forward(g, &x, &w, bias);
+            assert_eq!(y.len(), y_ref.len());
+            assert_eq!(first_difference(&y, &y_ref), None, "{g:?}: forward");
+        }
+        let dx = direct::conv2d_input_grad(g, &w, &dy);
+        let dx_ref = direct::wide_input_grad(g, &w, &dy);
+        assert_eq!(dx.len(), dx_ref.len());
+        assert_eq!(
+            first_difference(&dx, &dx_ref),
+            None,
+            "{g:?}: input gradient"
+        );
+        close(
+            &direct::conv2d_forward(g, &x, &w, Some(&b)),
+            &naive_conv(g, &x, &w, &b),
+        );
+    }
+}
+
+#[test]
 fn single_pixel_weight_gradients_keep_the_im2col_bits() {
     // VGG-16's 1×1 maps under 3×3 kernels (c_out above and below 16: both orientations of the
     // gemm replaced), a squeeze-and-excitation 1×1 layer, a strided layer whose one pixel reads

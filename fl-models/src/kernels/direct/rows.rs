@@ -1,0 +1,251 @@
+//! The direct kernels' forward pass and input gradient by output rows: each row's own pixel
+//! vectors instead of the wide length, for maps where that computes fewer (see [`RowVectors`]).
+
+use super::{ForwardArgs, LANES, ScatterLayout, Wide, check_scatter};
+
+/// The pixel vectors of each output row, for maps where they are fewer than the wide layout's
+/// (rows 16 or 32 wide, or short rows under wide kernels: on 16×16 maps the wide layout computes
+/// 20 vectors per channel under 5×5 kernels, 18 under 3×3, for 16 of outputs). A row's last
+/// vector may be partial. Every output is the same sum in the same order as in the wide layout,
+/// and the input gradient only leaves out the thrown-away columns' products with zeros, so
+/// results are the wide layout's bit for bit (a test compares them).
+pub(super) struct RowVectors {
+    /// Each vector's first pixel in the wide layout, where its taps read the padded input.
+    starts: Vec<usize>,
+    /// Its first pixel in a channel's `[oh, ow]` output plane.
+    dest: Vec<usize>,
+    /// Its lanes that are outputs.
+    masks: Vec<u16>,
+}
+
+impl Wide {
+    /// Each output row's own pixel vectors (see [`RowVectors`]).
+    pub(super) fn row_vectors(&self) -> RowVectors {
+        let [oh, ow] = self.output;
+        let mut v = RowVectors {
+            starts: Vec::new(),
+            dest: Vec::new(),
+            masks: Vec::new(),
+        };
+        for oy in 0..oh {
+            for x0 in (0..ow).step_by(LANES) {
+                v.starts.push(oy * self.padded[1] + x0);
+                v.dest.push(oy * ow + x0);
+                v.masks.push(((1u32 << (ow - x0).min(LANES)) - 1) as u16);
+            }
+        }
+        v
+    }
+}
+
+/// [`forward_wide`](super::forward_wide)'s sums for the outputs only, by [`RowVectors`], into one
+/// sample's output `[c_out, oh, ow]`.
+pub(super) fn forward_rows(args: ForwardArgs, rows: &RowVectors, c_out: usize, out: &mut [f32]) {
+    let (wide, input, packed, bias) = args;
+    let taps = wide.offsets.len();
+    assert!(input.len() >= wide.input_len, "direct conv: input buffer");
+    assert!(out.len() >= c_out * wide.output[0] * wide.output[1]);
+    assert!(packed.len() >= wide.c_out_padded * taps && bias.len() >= wide.c_out_padded);
+    assert!(c_out > wide.c_out_padded - wide.channel_tile && c_out <= wide.c_out_padded);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `forward_wide`; `Wide::reach` bounds the vectors' loads, and the stores
+        // are masked to each row and to the `c_out` channels.
+        unsafe {
+            match wide.channel_tile {
+                8 => avx512::forward_rows::<8, 3>(args, rows, c_out, out),
+                6 => avx512::forward_rows::<6, 4>(args, rows, c_out, out),
+                _ => avx512::forward_rows::<4, 4>(args, rows, c_out, out),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("direct convolution is only used on x86-64");
+}
+
+/// [`scatter_wide`](super::scatter_wide) for the outputs only, by [`RowVectors`], reading one
+/// sample's output gradient `dy` `[c_out, oh, ow]` as it is: the thrown-away columns' products
+/// (zeros, which change no sum) are left out.
+pub(super) fn scatter_rows(
+    layout: ScatterLayout,
+    dy: &[f32],
+    rows: &RowVectors,
+    packed: &[f32],
+    dx: &mut [f32],
+) {
+    let (wide, c_out, tile, c_in_padded) = layout;
+    check_scatter(layout, packed, dx);
+    assert!(dy.len() >= c_out * wide.output[0] * wide.output[1]);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `scatter_wide`; the output-gradient loads are masked to each row.
+        unsafe {
+            let args = (wide, c_out, c_in_padded, dy, packed);
+            match tile {
+                8 => avx512::scatter_rows::<8, 3>(args, rows, dx),
+                6 => avx512::scatter_rows::<6, 4>(args, rows, dx),
+                _ => avx512::scatter_rows::<4, 4>(args, rows, dx),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("direct convolution is only used on x86-64");
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{RowVectors, Wide};
+    use std::arch::x86_64::*;
+
+    /// The wide kernels' sums (`direct.rs`' `avx512::forward`) by [`RowVectors`]: tiles of `C`
+    /// channels × `P` row vectors (then single vectors), stored masked to each row into `out`
+    /// `[c_out, oh, ow]`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `C` is `wide.channel_tile` and `c_out` rounds up to
+    /// `wide.c_out_padded`; `rows` is `wide`'s; `input.len() >= wide.input_len`, `out` holds
+    /// `c_out · oh · ow` floats, `packed` `c_out_padded · taps` and `bias` `c_out_padded`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn forward_rows<const C: usize, const P: usize>(
+        args: (&Wide, &[f32], &[f32], &[f32]),
+        rows: &RowVectors,
+        c_out: usize,
+        out: &mut [f32],
+    ) {
+        let count = rows.starts.len();
+        let main = count - count % P;
+        // SAFETY: the caller upholds this function's contract.
+        unsafe {
+            forward_row_tiles::<C, P>(args, rows, 0..main, c_out, out);
+            forward_row_tiles::<C, 1>(args, rows, main..count, c_out, out);
+        }
+    }
+
+    /// [`forward_rows`] over the row vectors `vectors` (a multiple of `P` of them).
+    ///
+    /// # Safety
+    /// As [`forward_rows`]'s.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn forward_row_tiles<const C: usize, const P: usize>(
+        (wide, input, packed, bias): (&Wide, &[f32], &[f32], &[f32]),
+        rows: &RowVectors,
+        vectors: std::ops::Range<usize>,
+        c_out: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller upholds this function's contract.
+        unsafe {
+            let taps = wide.offsets.len();
+            let plane = wide.output[0] * wide.output[1];
+            let (x, o) = (input.as_ptr(), out.as_mut_ptr());
+            for block in 0..wide.c_out_padded / C {
+                let w = packed.as_ptr().add(block * taps * C);
+                let live = (c_out - block * C).min(C);
+                for i in vectors.clone().step_by(P) {
+                    let starts: [usize; P] = std::array::from_fn(|v| rows.starts[i + v]);
+                    let mut acc = [[_mm512_setzero_ps(); P]; C];
+                    for (c, a) in acc.iter_mut().enumerate() {
+                        *a = [_mm512_set1_ps(bias[block * C + c]); P];
+                    }
+                    for (k, &offset) in wide.offsets.iter().enumerate() {
+                        let src = x.add(offset);
+                        let xv: [__m512; P] =
+                            std::array::from_fn(|v| _mm512_loadu_ps(src.add(starts[v])));
+                        let wk = w.add(k * C);
+                        for (c, a) in acc.iter_mut().enumerate() {
+                            let wc = _mm512_set1_ps(*wk.add(c));
+                            for v in 0..P {
+                                a[v] = _mm512_fmadd_ps(wc, xv[v], a[v]);
+                            }
+                        }
+                    }
+                    for (c, a) in acc.iter().enumerate().take(live) {
+                        let dst = o.add((block * C + c) * plane);
+                        for (v, value) in a.iter().enumerate() {
+                            let (at, mask) = (rows.dest[i + v], rows.masks[i + v]);
+                            _mm512_mask_storeu_ps(dst.add(at), mask, *value);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The wide kernels' input-gradient sums (`avx512::scatter` in `direct.rs`) by [`RowVectors`]
+    /// over every input-channel block and tap: tiles of `P` row vectors (then single vectors), the
+    /// output gradient read masked to each row, the sums added masked onto the padded input
+    /// gradient. Each element of `dx` receives its taps' sums in tap order, as in the wide layout.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `rows` is `wide`'s; `dy` holds `c_out · oh · ow` floats,
+    /// `packed` `c_in_padded · taps · c_out`, and `dx` reaches the last channel's last tap
+    /// offset plus `wide.reach`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scatter_rows<const C: usize, const P: usize>(
+        args: (&Wide, usize, usize, &[f32], &[f32]),
+        rows: &RowVectors,
+        dx: &mut [f32],
+    ) {
+        let (wide, _, c_in_padded, _, _) = args;
+        let count = rows.starts.len();
+        let main = count - count % P;
+        for block in 0..c_in_padded / C {
+            for k in 0..wide.offsets.len() / wide.c_in {
+                // SAFETY: the caller upholds this function's contract.
+                unsafe {
+                    scatter_row_tiles::<C, P>(args, rows, (block, k), 0..main, dx);
+                    scatter_row_tiles::<C, 1>(args, rows, (block, k), main..count, dx);
+                }
+            }
+        }
+    }
+
+    /// [`scatter_rows`] for one block of `C` input channels, one tap and the row vectors
+    /// `vectors` (a multiple of `P` of them).
+    ///
+    /// # Safety
+    /// As [`scatter_rows`]'s.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scatter_row_tiles<const C: usize, const P: usize>(
+        (wide, c_out, _, dy, packed): (&Wide, usize, usize, &[f32], &[f32]),
+        rows: &RowVectors,
+        (block, k): (usize, usize),
+        vectors: std::ops::Range<usize>,
+        dx: &mut [f32],
+    ) {
+        // SAFETY: the caller upholds this function's contract.
+        unsafe {
+            let taps = wide.offsets.len() / wide.c_in;
+            let plane = wide.padded[0] * wide.padded[1];
+            let out_plane = wide.output[0] * wide.output[1];
+            let offset = wide.offsets[k];
+            let (d, out) = (dy.as_ptr(), dx.as_mut_ptr());
+            let w = packed.as_ptr().add((block * taps + k) * c_out * C);
+            for i in vectors.step_by(P) {
+                let dest: [usize; P] = std::array::from_fn(|v| rows.dest[i + v]);
+                let masks: [__mmask16; P] = std::array::from_fn(|v| rows.masks[i + v]);
+                let mut acc = [[_mm512_setzero_ps(); P]; C];
+                for co in 0..c_out {
+                    let src = d.add(co * out_plane);
+                    let dv: [__m512; P] =
+                        std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], src.add(dest[v])));
+                    let wc = w.add(co * C);
+                    for (c, a) in acc.iter_mut().enumerate() {
+                        let weight = _mm512_set1_ps(*wc.add(c));
+                        for v in 0..P {
+                            a[v] = _mm512_fmadd_ps(weight, dv[v], a[v]);
+                        }
+                    }
+                }
+                for (c, a) in acc.iter().enumerate() {
+                    let dst = out.add((block * C + c) * plane + offset);
+                    for (v, sum) in a.iter().enumerate() {
+                        let at = dst.add(rows.starts[i + v]);
+                        let total = _mm512_add_ps(_mm512_loadu_ps(at), *sum);
+                        _mm512_mask_storeu_ps(at, masks[v], total);
+                    }
+                }
+            }
+        }
+    }
+}
