@@ -334,6 +334,9 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
         geometry([45, 32, 4, 4], [48, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([40, 16, 4, 4], [32, 5, 5], [2, 2], [(2, 1), (1, 2)]),
         geometry([24, 16, 2, 2], [600, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        // ResNet-20's stride-2 layer into its 8×8 stage: little padding, but strided layers
+        // would otherwise take im2col.
+        geometry([40, 32, 16, 16], [64, 3, 3], [2, 2], [(1, 1), (1, 1)]),
     ];
     let _guard = crate::kernels::isa::test_lock();
     for g in &shapes {
