@@ -76,10 +76,11 @@ impl Order {
 }
 
 /// Whether this kernel takes `g`: an AVX-512 CPU, a map of at most [`MAX_PIXELS`] outputs whose
-/// taps read the padding at least 17% of the time (any amount under strides; [`takes_map`]) (`fl bench --kernels`, one thread: 7×7 maps
+/// taps read the padding at least 17% of the time (`fl bench --kernels`, one thread: 7×7 maps
 /// under 3×3 kernels, 18% padding, run 9–16% faster here than on the direct kernels; 8×8 ones,
-/// 16%, within ±8% either way, so they stay), enough samples to fill three quarters of the
-/// vectors, and enough channels to fill three quarters of the tiles.
+/// 16%, within ±8% either way, so they stay; any amount under strides, see [`takes_map`]),
+/// enough samples to fill three quarters of the vectors, and enough channels to fill three
+/// quarters of the tiles.
 fn applies(g: &Conv2dGeometry) -> bool {
     let full = |n: usize, width: usize| n > 0 && 4 * n >= 3 * n.next_multiple_of(width);
     cfg!(target_arch = "x86_64")
