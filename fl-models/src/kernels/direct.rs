@@ -479,18 +479,14 @@ fn weight_grad_chunk(
     let first = &x[samples.start * g.input_len()..];
     let inputs = wide.pad_inputs(first, g.input_len(), count);
     let wide_dy_len = wide.c_out_padded * wide.len;
+    let dy = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
+    let db = super::cpu::chunk_bias_grad(dy, g.c_out, g.out_plane());
     let mut grads = vec![0.0f32; count * wide_dy_len];
-    let mut db = vec![0.0f32; g.c_out];
-    for (i, n) in samples.enumerate() {
-        let dy_n = &dy[n * g.output_len()..(n + 1) * g.output_len()];
-        wide.widen(
-            dy_n,
-            g.c_out,
-            &mut grads[i * wide_dy_len..(i + 1) * wide_dy_len],
-        );
-        for (b, plane) in db.iter_mut().zip(dy_n.chunks(g.out_plane())) {
-            *b += super::cpu::sum(plane);
-        }
+    for (dy_n, buf) in dy
+        .chunks_exact(g.output_len())
+        .zip(grads.chunks_exact_mut(wide_dy_len))
+    {
+        wide.widen(dy_n, g.c_out, buf);
     }
     let taps = wide.offsets.len();
     let mut dw = vec![0.0f32; g.c_out * taps];

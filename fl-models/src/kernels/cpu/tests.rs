@@ -146,6 +146,12 @@ fn first_difference(a: &[f32], b: &[f32]) -> Option<usize> {
         .position(|(x, y)| x.to_bits() != y.to_bits())
 }
 
+/// Asserts that `got` and `want` have the same length and the same bits, naming `what`.
+fn assert_same_bits(got: &[f32], want: &[f32], what: impl std::fmt::Display) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    assert_eq!(first_difference(got, want), None, "{what}");
+}
+
 fn close(a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
@@ -311,13 +317,8 @@ fn small_map_weight_gradients_are_gemms_bits() {
         let dy = values(g.batch * g.output_len(), 22);
         let (dw, db) = conv2d_weight_grad(g, &x, &dy);
         let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
-        assert_eq!(
-            first_difference(&dw, &dw_ref),
-            None,
-            "{g:?}: weight gradient"
-        );
-        assert_eq!(first_difference(&db, &db_ref), None, "{g:?}: bias gradient");
-        assert_eq!((dw.len(), db.len()), (dw_ref.len(), db_ref.len()));
+        assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
+        assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
     }
 }
 
@@ -415,13 +416,8 @@ fn direct_weight_gradients_without_their_zero_products_keep_their_bits() {
         let dy = values(g.batch * g.output_len(), 42);
         let (dw, db) = conv2d_weight_grad(g, &x, &dy);
         let (dw_ref, db_ref) = crate::kernels::direct::conv2d_weight_grad(g, &x, &dy);
-        assert_eq!((dw.len(), db.len()), (dw_ref.len(), db_ref.len()));
-        assert_eq!(
-            first_difference(&dw, &dw_ref),
-            None,
-            "{g:?}: weight gradient"
-        );
-        assert_eq!(first_difference(&db, &db_ref), None, "{g:?}: bias gradient");
+        assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
+        assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
     }
 }
 
@@ -446,12 +442,8 @@ fn weight_gradients_without_the_column_matrix_keep_the_im2col_bits() {
         let dy = values(g.batch * g.output_len(), 44);
         let (dw, db) = conv2d_weight_grad(g, &x, &dy);
         let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
-        assert_eq!(
-            first_difference(&dw, &dw_ref),
-            None,
-            "{g:?}: weight gradient"
-        );
-        assert_eq!(first_difference(&db, &db_ref), None, "{g:?}: bias gradient");
+        assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
+        assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
     }
 }
 
@@ -481,17 +473,11 @@ fn direct_kernels_by_rows_keep_the_wide_bits() {
         for bias in [Some(&b[..]), None] {
             let y = direct::conv2d_forward(g, &x, &w, bias);
             let y_ref = direct::wide_forward(g, &x, &w, bias);
-            assert_eq!(y.len(), y_ref.len());
-            assert_eq!(first_difference(&y, &y_ref), None, "{g:?}: forward");
+            assert_same_bits(&y, &y_ref, format!("{g:?}: forward"));
         }
         let dx = direct::conv2d_input_grad(g, &w, &dy);
         let dx_ref = direct::wide_input_grad(g, &w, &dy);
-        assert_eq!(dx.len(), dx_ref.len());
-        assert_eq!(
-            first_difference(&dx, &dx_ref),
-            None,
-            "{g:?}: input gradient"
-        );
+        assert_same_bits(&dx, &dx_ref, format!("{g:?}: input gradient"));
         close(
             &direct::conv2d_forward(g, &x, &w, Some(&b)),
             &naive_conv(g, &x, &w, &b),
@@ -526,10 +512,8 @@ fn single_pixel_weight_gradients_keep_the_im2col_bits() {
             for dy in [&dy, &dy_neg] {
                 let (dw, db) = conv2d_weight_grad(g, &x, dy);
                 let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, dy);
-                assert_eq!((dw.len(), db.len()), (dw_ref.len(), db_ref.len()));
-                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&dw), bits(&dw_ref), "{isa:?} {g:?}: weight gradient");
-                assert_eq!(bits(&db), bits(&db_ref), "{isa:?} {g:?}: bias gradient");
+                assert_same_bits(&dw, &dw_ref, format!("{isa:?} {g:?}: weight gradient"));
+                assert_same_bits(&db, &db_ref, format!("{isa:?} {g:?}: bias gradient"));
             }
         }
     });
