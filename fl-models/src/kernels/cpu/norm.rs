@@ -3,8 +3,6 @@
 
 use rayon::prelude::*;
 
-use super::sum;
-
 /// Shapes of one batch normalisation over `[batch, channels, plane]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NormGeometry {
@@ -18,6 +16,7 @@ pub struct NormGeometry {
 
 impl NormGeometry {
     /// The planes of channel `c`, one per sample.
+    #[cfg(test)]
     fn planes<'a>(&self, data: &'a [f32], c: usize) -> impl Iterator<Item = &'a [f32]> {
         (0..self.batch).map(move |n| &data[(n * self.channels + c) * self.plane..][..self.plane])
     }
@@ -25,25 +24,90 @@ impl NormGeometry {
     fn count(&self) -> f64 {
         (self.batch * self.plane) as f64
     }
+
+    /// `per_sample(n, out)` for every sample `n` on the pool, filling `out` with sample `n`'s
+    /// `R` sums per channel: all the planes' sums, `[batch][channels][R]`. Samples are
+    /// contiguous, so each task reads memory in order (a channel's planes are strided apart).
+    fn per_sample_sums<const R: usize>(
+        &self,
+        per_sample: impl Fn(usize, &mut [[f32; R]]) + Sync,
+    ) -> Vec<[f32; R]> {
+        let mut sums = vec![[0.0f32; R]; self.batch * self.channels];
+        sums.par_chunks_mut(self.channels.max(1))
+            .enumerate()
+            .for_each(|(n, out)| per_sample(n, out));
+        sums
+    }
+
+    /// Channel `c`'s `Σ_n f64(plane sum r of (n, c))`, in sample order.
+    fn channel_total<const R: usize>(&self, sums: &[[f32; R]], c: usize, r: usize) -> f64 {
+        (0..self.batch)
+            .map(|n| f64::from(sums[n * self.channels + c][r]))
+            .sum()
+    }
+
+    /// Sample `n`'s `[channels, plane]` values of `data`.
+    fn sample<'a>(&self, data: &'a [f32], n: usize) -> &'a [f32] {
+        let len = self.channels * self.plane;
+        &data[n * len..][..len]
+    }
 }
 
-/// `Σ a·(b − shift)`, in eight interleaved partial sums.
+/// The value `Iterator::sum` starts from, so the loops below add exactly as it does.
 #[inline(always)]
-fn dot_centred(a: &[f32], b: &[f32], shift: f32) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let rest: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * (y - shift))
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            lanes[i] += x[i] * (y[i] - shift);
+fn sum_start<T: std::iter::Sum>() -> T {
+    std::iter::empty::<T>().sum()
+}
+
+/// `R` sums over one plane (`Q` equal-length operand slices), `Σ term(r, values)` for each `r`,
+/// each in the order of [`sum`](super::sum): eight interleaved partial sums over the whole
+/// chunks of eight, those lanes summed, plus the remainder summed. Plain loops (no iterator
+/// adapters), so all of it inlines into the caller's instruction tier.
+#[inline(always)]
+// Indices run over the Q operands and R sums at once: one index reads them all.
+#[allow(clippy::needless_range_loop)]
+fn plane_sums<const Q: usize, const R: usize>(
+    operands: [&[f32]; Q],
+    term: impl Fn(usize, [f32; Q]) -> f32,
+) -> [f32; R] {
+    let len = operands[0].len();
+    let whole = len / 8;
+    let mut chunks: [&[[f32; 8]]; Q] = [&[]; Q];
+    for q in 0..Q {
+        assert_eq!(operands[q].len(), len, "plane lengths");
+        chunks[q] = &operands[q].as_chunks::<8>().0[..whole];
+    }
+    let mut lanes = [[0.0f32; 8]; R];
+    // One sweep per sum (the plane is in L1 by the second): in a single sweep the vectoriser
+    // packed the sums' lanes together and shuffled.
+    for r in 0..R {
+        for j in 0..whole {
+            for i in 0..8 {
+                let mut v = [0.0f32; Q];
+                for q in 0..Q {
+                    v[q] = chunks[q][j][i];
+                }
+                lanes[r][i] += term(r, v);
+            }
         }
     }
-    lanes.iter().sum::<f32>() + rest
+    let mut sums = [0.0f32; R];
+    for r in 0..R {
+        let mut rest = sum_start::<f32>();
+        for k in whole * 8..len {
+            let mut v = [0.0f32; Q];
+            for q in 0..Q {
+                v[q] = operands[q][k];
+            }
+            rest += term(r, v);
+        }
+        let mut total = sum_start::<f32>();
+        for l in lanes[r] {
+            total += l;
+        }
+        sums[r] = total + rest;
+    }
+    sums
 }
 
 /// Batch normalisation with batch statistics: `y = γ (x − μ) / √(σ² + ε) + β` per channel,
@@ -56,9 +120,19 @@ pub fn batch_norm_train_forward(
     beta: &[f32],
     epsilon: f64,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    // Per plane in f32, across samples in f64 (in sample order): the mean, then the variance.
+    let sums = g.per_sample_sums(|n, out| sample_sums(g.plane, g.sample(x, n), out));
+    let mean: Vec<f32> = (0..g.channels)
+        .map(|c| (g.channel_total(&sums, c, 0) / g.count()) as f32)
+        .collect();
+    let squares = g.per_sample_sums(|n, out| sample_squares(g.plane, g.sample(x, n), &mean, out));
     let stats: Vec<(f32, f32)> = (0..g.channels)
-        .into_par_iter()
-        .map(|c| channel_stats(g, x, c))
+        .map(|c| {
+            (
+                mean[c],
+                (g.channel_total(&squares, c, 0) / g.count()) as f32,
+            )
+        })
         .collect();
     // y = a·x + b with a = γ/√(σ²+ε), b = β − μ·a.
     let affine: Vec<(f32, f32)> = stats
@@ -97,10 +171,17 @@ pub fn batch_norm_train_backward(
         .iter()
         .map(|&v| 1.0 / (v as f64 + epsilon).sqrt())
         .collect();
-    // Per channel: Σ dy and Σ dy·(x − μ).
+    // Per channel: Σ dy and Σ dy·(x − μ), in one pass.
+    let plane_sums = g.per_sample_sums(|n, out| {
+        sample_grad_sums(g.plane, (g.sample(dy, n), g.sample(x, n)), mean, out)
+    });
     let sums: Vec<(f64, f64)> = (0..g.channels)
-        .into_par_iter()
-        .map(|c| channel_grad_sums(g, dy, x, c, mean[c]))
+        .map(|c| {
+            (
+                g.channel_total(&plane_sums, c, 0),
+                g.channel_total(&plane_sums, c, 1),
+            )
+        })
         .collect();
     let mut d_gamma = vec![0.0f32; g.channels];
     let mut d_beta = vec![0.0f32; g.channels];
@@ -130,47 +211,36 @@ pub fn batch_norm_train_backward(
 // keeps its order on any tier), sample by sample so no plane pays an index division (MobileNets'
 // 2×2 and 4×4 planes are a few floats each).
 
-/// Channel `c`'s batch mean and biased variance: per plane in `f32` ([`sum`], eight
-/// interleaved partial sums), across planes in `f64`, in sample order.
+/// Each channel's `Σ x` over one sample's `[channels, plane]`.
 #[inline(always)]
-fn channel_stats_generic(g: &NormGeometry, x: &[f32], c: usize) -> (f32, f32) {
-    let mean = g.planes(x, c).map(|p| sum(p) as f64).sum::<f64>() / g.count();
-    let m = mean as f32;
-    let var = g
-        .planes(x, c)
-        .map(|p| {
-            let centred = |v: &f32| v - m;
-            let mut lanes = [0.0f32; 8];
-            let chunks = p.chunks_exact(8);
-            let rest: f32 = chunks.remainder().iter().map(|v| centred(v).powi(2)).sum();
-            for chunk in chunks {
-                for i in 0..8 {
-                    lanes[i] += centred(&chunk[i]).powi(2);
-                }
-            }
-            (lanes.iter().sum::<f32>() + rest) as f64
-        })
-        .sum::<f64>()
-        / g.count();
-    (m, var as f32)
+fn sample_sums_generic(plane: usize, x: &[f32], out: &mut [[f32; 1]]) {
+    for (o, x_p) in out.iter_mut().zip(x.chunks_exact(plane.max(1))) {
+        *o = plane_sums([x_p], |_, [v]| v);
+    }
 }
 
-/// Channel `c`'s `Σ dy` and `Σ dy·(x − μ)`.
+/// Each channel's `Σ (x − μ)²` over one sample.
 #[inline(always)]
-fn channel_grad_sums_generic(
-    g: &NormGeometry,
-    dy: &[f32],
-    x: &[f32],
-    c: usize,
-    mean: f32,
-) -> (f64, f64) {
-    let sum_dy: f64 = g.planes(dy, c).map(|p| sum(p) as f64).sum();
-    let sum_dy_centred: f64 = g
-        .planes(dy, c)
-        .zip(g.planes(x, c))
-        .map(|(d, v)| dot_centred(d, v, mean) as f64)
-        .sum();
-    (sum_dy, sum_dy_centred)
+fn sample_squares_generic(plane: usize, x: &[f32], mean: &[f32], out: &mut [[f32; 1]]) {
+    for ((o, x_p), &m) in out.iter_mut().zip(x.chunks_exact(plane.max(1))).zip(mean) {
+        *o = plane_sums([x_p], |_, [v]| (v - m).powi(2));
+    }
+}
+
+/// Each channel's `Σ dy` and `Σ dy·(x − μ)` over one sample.
+#[inline(always)]
+fn sample_grad_sums_generic(
+    plane: usize,
+    (dy, x): (&[f32], &[f32]),
+    mean: &[f32],
+    out: &mut [[f32; 2]],
+) {
+    let planes = dy
+        .chunks_exact(plane.max(1))
+        .zip(x.chunks_exact(plane.max(1)));
+    for ((o, (d_p, x_p)), &m) in out.iter_mut().zip(planes).zip(mean) {
+        *o = plane_sums([d_p, x_p], |r, [d, v]| if r == 0 { d } else { d * (v - m) });
+    }
 }
 
 /// `y = a·x + b` over one sample's `[channels, plane]`, `(a, b)` per channel.
@@ -207,11 +277,15 @@ fn backward_sample_generic(
 }
 
 best_isa! {
-    fn channel_stats => channel_stats_generic(g: &NormGeometry, x: &[f32], c: usize) -> (f32, f32)
+    fn sample_sums => sample_sums_generic(plane: usize, x: &[f32], out: &mut [[f32; 1]])
 }
 
 best_isa! {
-    fn channel_grad_sums => channel_grad_sums_generic(g: &NormGeometry, dy: &[f32], x: &[f32], c: usize, mean: f32) -> (f64, f64)
+    fn sample_squares => sample_squares_generic(plane: usize, x: &[f32], mean: &[f32], out: &mut [[f32; 1]])
+}
+
+best_isa! {
+    fn sample_grad_sums => sample_grad_sums_generic(plane: usize, operands: (&[f32], &[f32]), mean: &[f32], out: &mut [[f32; 2]])
 }
 
 best_isa! {
@@ -288,4 +362,109 @@ pub fn batch_norm_inference_backward(
     let sample = (g.channels * g.plane).max(1);
     grad.par_chunks_mut(sample)
         .for_each(|grad| inference_backward_sample(g.plane, grad, gamma, std));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::sum;
+    use crate::kernels::cpu::tests::{at_every_isa, values};
+
+    /// A channel's `Σ x` and `Σ (x − m)²` one plane at a time: the order the kernels must keep.
+    fn stats_plane_by_plane(g: &NormGeometry, x: &[f32], c: usize, m: f32) -> (f64, f64) {
+        let squares = |p: &[f32]| {
+            let mut lanes = [0.0f32; 8];
+            let chunks = p.chunks_exact(8);
+            let rest: f32 = chunks.remainder().iter().map(|v| (v - m).powi(2)).sum();
+            for chunk in chunks {
+                for i in 0..8 {
+                    lanes[i] += (chunk[i] - m).powi(2);
+                }
+            }
+            (lanes.iter().sum::<f32>() + rest) as f64
+        };
+        let sum = g.planes(x, c).map(|p| sum(p) as f64).sum::<f64>();
+        (sum, g.planes(x, c).map(squares).sum::<f64>())
+    }
+
+    /// `Σ dy` and `Σ dy·(x − μ)` one plane at a time.
+    fn grad_sums_plane_by_plane(
+        g: &NormGeometry,
+        dy: &[f32],
+        x: &[f32],
+        c: usize,
+        mean: f32,
+    ) -> (f64, f64) {
+        let dot = |(a, b): (&[f32], &[f32])| {
+            let mut lanes = [0.0f32; 8];
+            let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+            let rest: f32 = ca
+                .remainder()
+                .iter()
+                .zip(cb.remainder())
+                .map(|(d, v)| d * (v - mean))
+                .sum();
+            for (d, v) in ca.zip(cb) {
+                for i in 0..8 {
+                    lanes[i] += d[i] * (v[i] - mean);
+                }
+            }
+            (lanes.iter().sum::<f32>() + rest) as f64
+        };
+        let sum_dy = g.planes(dy, c).map(|p| sum(p) as f64).sum();
+        (sum_dy, g.planes(dy, c).zip(g.planes(x, c)).map(dot).sum())
+    }
+
+    #[test]
+    fn sample_major_channel_sums_keep_the_plane_by_plane_bits() {
+        at_every_isa(|isa| {
+            for (batch, plane) in [(1, 1), (3, 4), (4, 9), (5, 8), (9, 17), (50, 64), (7, 100)] {
+                let g = NormGeometry {
+                    batch,
+                    channels: 3,
+                    plane,
+                };
+                let len = batch * 3 * plane;
+                let (mut x, mut dy) = (values(len, 1), values(len, 2));
+                // Channel 2: a constant input and negative gradients, so every product is −0.
+                for n in 0..batch {
+                    let at = (n * 3 + 2) * plane;
+                    x[at..at + plane].fill(0.5);
+                    dy[at..at + plane]
+                        .iter_mut()
+                        .for_each(|d| *d = -d.abs() - 0.25);
+                }
+                let totals = |sums: &[[f32; 1]]| -> Vec<f64> {
+                    (0..3).map(|c| g.channel_total(sums, c, 0)).collect()
+                };
+                let sums =
+                    totals(&g.per_sample_sums(|n, o| sample_sums(plane, g.sample(&x, n), o)));
+                let mean: Vec<f32> = sums.iter().map(|s| (s / g.count()) as f32).collect();
+                let squares = totals(
+                    &g.per_sample_sums(|n, o| sample_squares(plane, g.sample(&x, n), &mean, o)),
+                );
+                let grads = g.per_sample_sums(|n, o| {
+                    sample_grad_sums(plane, (g.sample(&dy, n), g.sample(&x, n)), &mean, o)
+                });
+                let ones = [1.0; 3];
+                let (_, bn_mean, bn_var) = batch_norm_train_forward(&g, &x, &ones, &ones, 1e-5);
+                for c in 0..3 {
+                    let what = format!("{isa:?} batch {batch} plane {plane} channel {c}");
+                    let (s, sq) = stats_plane_by_plane(&g, &x, c, mean[c]);
+                    let got = [sums[c], squares[c]].map(f64::to_bits);
+                    assert_eq!(got, [s, sq].map(f64::to_bits), "{what}");
+                    let want = [(s / g.count()) as f32, (sq / g.count()) as f32];
+                    let got = [bn_mean[c], bn_var[c]].map(f32::to_bits);
+                    assert_eq!(
+                        got,
+                        want.map(f32::to_bits),
+                        "{what}: the forward's statistics"
+                    );
+                    let got = [0, 1].map(|r| g.channel_total(&grads, c, r).to_bits());
+                    let want = grad_sums_plane_by_plane(&g, &dy, &x, c, mean[c]);
+                    assert_eq!(got, [want.0, want.1].map(f64::to_bits), "{what}");
+                }
+            }
+        });
+    }
 }
