@@ -115,7 +115,8 @@ fn valid_taps_total(g: &Conv2dGeometry) -> usize {
 }
 
 /// `[batch, channels, pixels]` as `[groups][channels][pixels][LANES]` (or `[pixels][channels]`
-/// with `pixel_major`), zeros for the missing samples of the last group.
+/// with `pixel_major`), zeros for the missing samples of the last group. A group per task,
+/// 16 × 16 blocks transposed in registers (one scalar store per value was most of the time).
 fn to_lanes(
     values: &[f32],
     batch: usize,
@@ -128,37 +129,35 @@ fn to_lanes(
     out.par_chunks_mut(per_sample * LANES)
         .zip(values.par_chunks(per_sample * LANES))
         .for_each(|(dst, src)| {
-            for (lane, sample) in src.chunks_exact(per_sample).enumerate() {
-                for c in 0..channels {
-                    for p in 0..pixels {
-                        let at = if pixel_major {
-                            p * channels + c
-                        } else {
-                            c * pixels + p
-                        };
-                        dst[at * LANES + lane] = sample[c * pixels + p];
-                    }
+            let at = |i: usize| {
+                if pixel_major {
+                    (i % pixels) * channels + i / pixels
+                } else {
+                    i
                 }
+            };
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: this kernel runs only where `applies` checked AVX-512F; `dst` holds
+            // `per_sample` vectors and `at` maps `0..per_sample` onto them.
+            unsafe {
+                avx512::to_lanes_group(src, per_sample, dst, at);
             }
         });
     out
 }
 
-/// The inverse of [`to_lanes`] for tiled results `[groups][tiles][pixels][TILE][LANES]`.
+/// The inverse of [`to_lanes`] for tiled results `[groups][tiles][pixels][TILE][LANES]`, a group
+/// per task (transposed in registers like [`to_lanes`]).
 fn from_lanes(tiled: &[f32], batch: usize, channels: usize, pixels: usize) -> Vec<f32> {
-    let tiles = channels.div_ceil(TILE);
-    let group_len = tiles * pixels * TILE * LANES;
+    let group_len = channels.div_ceil(TILE) * pixels * TILE * LANES;
     let mut out = par_zeroed(batch * channels * pixels);
-    out.par_chunks_mut(channels * pixels)
-        .enumerate()
-        .for_each(|(n, dst)| {
-            let src = &tiled[n / LANES * group_len..][..group_len];
-            let lane = n % LANES;
-            for c in 0..channels {
-                let tile = &src[(c / TILE) * pixels * TILE * LANES..];
-                for p in 0..pixels {
-                    dst[c * pixels + p] = tile[(p * TILE + c % TILE) * LANES + lane];
-                }
+    out.par_chunks_mut(LANES * channels * pixels)
+        .zip(tiled.par_chunks(group_len))
+        .for_each(|(dst, src)| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in `to_lanes`; `src` is one group's tiles for `dst`'s samples.
+            unsafe {
+                avx512::from_lanes_group(src, [channels, pixels], dst);
             }
         });
     out
@@ -266,6 +265,113 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     type Sums = [__m512; TILE];
+
+    /// Transposes 16 vectors of 16 floats in registers: `rows[i][j]` becomes `rows[j][i]`.
+    #[inline(always)]
+    fn transpose(rows: &mut [__m512; 16]) {
+        // SAFETY: register shuffles only; the callers run with AVX-512F enabled.
+        unsafe {
+            // Pairs of rows interleaved by 32 bits, then by 64, then 128-bit blocks twice.
+            let mut t = [_mm512_setzero_ps(); 16];
+            for i in 0..8 {
+                t[2 * i] = _mm512_unpacklo_ps(rows[2 * i], rows[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_ps(rows[2 * i], rows[2 * i + 1]);
+            }
+            let pd = _mm512_castps_pd;
+            for i in 0..4 {
+                let (a, b, c, d) = (t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]);
+                rows[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(a), pd(c)));
+                rows[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(a), pd(c)));
+                rows[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(b), pd(d)));
+                rows[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(b), pd(d)));
+            }
+            for half in 0..2 {
+                for j in 0..4 {
+                    let (a, b) = (rows[8 * half + j], rows[8 * half + 4 + j]);
+                    t[8 * half + j] = _mm512_shuffle_f32x4::<0x88>(a, b);
+                    t[8 * half + 4 + j] = _mm512_shuffle_f32x4::<0xdd>(a, b);
+                }
+            }
+            for j in 0..8 {
+                rows[j] = _mm512_shuffle_f32x4::<0x88>(t[j], t[8 + j]);
+                rows[8 + j] = _mm512_shuffle_f32x4::<0xdd>(t[j], t[8 + j]);
+            }
+        }
+    }
+
+    /// One group of [`super::to_lanes`]: `src` holds 1–16 samples of `per_sample` floats; value
+    /// `i` of sample `lane` goes to `dst[at(i) · LANES + lane]`, zeros in the missing lanes.
+    ///
+    /// # Safety
+    /// AVX-512F; `src.len()` a multiple of `per_sample` of at most 16 samples, and
+    /// `at(i) < per_sample <= dst.len() / LANES` for every `i < per_sample`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn to_lanes_group(
+        src: &[f32],
+        per_sample: usize,
+        dst: &mut [f32],
+        at: impl Fn(usize) -> usize,
+    ) {
+        let count = src.len() / per_sample;
+        assert!(count <= LANES && count * per_sample == src.len());
+        assert!(dst.len() >= per_sample * LANES);
+        for i0 in (0..per_sample).step_by(16) {
+            let len = (per_sample - i0).min(16);
+            let mask: __mmask16 = (u32::MAX >> (32 - len)) as u16;
+            let mut rows = [_mm512_setzero_ps(); 16];
+            for (lane, row) in rows.iter_mut().enumerate().take(count) {
+                // SAFETY: the masked floats `lane · per_sample + i0 .. + len` lie in `src`.
+                *row = unsafe {
+                    _mm512_maskz_loadu_ps(mask, src.as_ptr().add(lane * per_sample + i0))
+                };
+            }
+            transpose(&mut rows);
+            for (k, row) in rows.iter().enumerate().take(len) {
+                let to = at(i0 + k);
+                assert!(to < per_sample);
+                // SAFETY: `to < per_sample`, so the vector lies in `dst`.
+                unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(to * LANES), *row) };
+            }
+        }
+    }
+
+    /// One group of [`super::from_lanes`]: `src` is `[tiles][pixels][TILE][LANES]`, `dst`
+    /// 1–16 samples `[channels][pixels]`.
+    ///
+    /// # Safety
+    /// AVX-512F; `src` holds `channels.div_ceil(TILE) · pixels · TILE · LANES` floats and
+    /// `dst.len()` is a multiple of `channels · pixels` of at most 16 samples.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn from_lanes_group(
+        src: &[f32],
+        [channels, pixels]: [usize; 2],
+        dst: &mut [f32],
+    ) {
+        let per_sample = channels * pixels;
+        let count = dst.len() / per_sample;
+        assert!(count <= LANES && count * per_sample == dst.len());
+        assert!(src.len() >= channels.div_ceil(TILE) * pixels * TILE * LANES);
+        for c in 0..channels {
+            // Channel `c`'s vectors of samples, one per pixel.
+            let lines = src[(c / TILE) * pixels * TILE * LANES + (c % TILE) * LANES..].as_ptr();
+            for p0 in (0..pixels).step_by(16) {
+                let len = (pixels - p0).min(16);
+                let mask: __mmask16 = (u32::MAX >> (32 - len)) as u16;
+                let mut rows = [_mm512_setzero_ps(); 16];
+                for (k, row) in rows.iter_mut().enumerate().take(len) {
+                    // SAFETY: pixel `p0 + k < pixels` of channel `c`'s tile lies in `src`.
+                    *row = unsafe { _mm512_loadu_ps(lines.add((p0 + k) * TILE * LANES)) };
+                }
+                transpose(&mut rows);
+                for (lane, row) in rows.iter().enumerate().take(count) {
+                    let to = lane * per_sample + c * pixels + p0;
+                    assert!(to + len <= dst.len());
+                    // SAFETY: the masked floats `to .. to + len` lie in `dst`.
+                    unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr().add(to), mask, *row) };
+                }
+            }
+        }
+    }
 
     /// Adds `sums` onto the [`TILE`] vectors at `dst`.
     ///
