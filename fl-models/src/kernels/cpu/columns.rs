@@ -81,6 +81,16 @@ fn im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32], stride: usize)
                     if sw == 1 {
                         let start = lo + kx - pw;
                         copy_short(&mut dst[lo..hi], &src[start..start + (hi - lo)]);
+                    } else if sw == 2 && hi > lo {
+                        // Every second input as the first of each pair, which vectorises into
+                        // shuffles (an indexed load per value did not); the last one alone, as
+                        // its pair may end past the row.
+                        let (start, last) = (lo * 2 + kx - pw, hi - 1);
+                        let pairs = src[start..start + 2 * (last - lo)].chunks_exact(2);
+                        for (d, pair) in dst[lo..last].iter_mut().zip(pairs) {
+                            *d = pair[0];
+                        }
+                        dst[last] = src[last * 2 + kx - pw];
                     } else {
                         for (ox, d) in dst[lo..hi].iter_mut().enumerate() {
                             *d = src[(lo + ox) * sw + kx - pw];
@@ -126,6 +136,14 @@ fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32], stride: u
                         for (d, s) in dst[start..start + (hi - lo)].iter_mut().zip(&src[lo..hi]) {
                             *d += s;
                         }
+                    } else if sw == 2 && hi > lo {
+                        // As in im2col: pairs, the last value alone.
+                        let (start, last) = (lo * 2 + kx - pw, hi - 1);
+                        let pairs = dst[start..start + 2 * (last - lo)].chunks_exact_mut(2);
+                        for (pair, s) in pairs.zip(&src[lo..last]) {
+                            pair[0] += s;
+                        }
+                        dst[last * 2 + kx - pw] += src[last];
                     } else {
                         for ox in lo..hi {
                             dst[ox * sw + kx - pw] += src[ox];
