@@ -51,6 +51,16 @@ fn has_nan(plane: &[f32]) -> bool {
     plane.iter().fold(false, |acc, v| acc | v.is_nan())
 }
 
+/// Whether a plane holds a NaN outside the 2×2/2 windows (the last row or column of an odd
+/// size): with the vector kernels' own check of the windows, the same test as [`has_nan`],
+/// without a separate pass over the plane.
+#[cfg(target_arch = "x86_64")]
+fn has_nan_outside_windows(g: &PoolGeometry, plane: &[f32]) -> bool {
+    let ([h, w], [oh, ow]) = (g.input, g.output);
+    let rows = plane.chunks_exact(w).take(h);
+    has_nan(&plane[2 * oh * w..h * w]) || rows.take(2 * oh).any(|row| has_nan(&row[2 * ow..]))
+}
+
 /// Max-pooling forward.
 pub fn max_pool2d_forward(g: &PoolGeometry, x: &[f32]) -> Vec<f32> {
     let in_plane = g.input[0] * g.input[1];
@@ -69,7 +79,17 @@ pub fn max_pool2d_forward(g: &PoolGeometry, x: &[f32]) -> Vec<f32> {
 #[inline(never)]
 fn pool_forward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], y_p: &mut [f32]) {
     let (w, ow) = (g.input[1], g.output[1]);
-    if pair && !has_nan(x_p) {
+    #[cfg(target_arch = "x86_64")]
+    if pair && crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx512) {
+        // SAFETY: AVX-512F is present (`uses` never exceeds the detected tier); the function
+        // checks the slice lengths it relies on.
+        let windows_nan = unsafe { avx512_pool::forward_2x2(w, g.output, x_p, y_p) };
+        if !windows_nan && !has_nan_outside_windows(g, x_p) {
+            return;
+        }
+    }
+    let fast = pair && !has_nan(x_p);
+    if fast {
         // The common 2×2/2 case on NaN-free data: plain comparisons, no index bookkeeping.
         for (oy, out) in y_p.chunks_exact_mut(ow).enumerate() {
             let (r0, r1) = (&x_p[2 * oy * w..], &x_p[(2 * oy + 1) * w..]);
@@ -114,13 +134,18 @@ pub fn max_pool2d_backward(g: &PoolGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> 
 #[inline(never)]
 fn pool_backward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], dy_p: &[f32], dx_p: &mut [f32]) {
     let (w, [oh, ow]) = (g.input[1], g.output);
-    let fast = pair && !has_nan(x_p);
     #[cfg(target_arch = "x86_64")]
-    if fast && crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx512) {
-        // SAFETY: AVX-512F is present (`uses` never exceeds the detected tier); the function checks the slice lengths it relies on.
-        unsafe { avx512_pool::backward_2x2(w, g.output, x_p, dy_p, dx_p) };
-        return;
+    if pair && crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx512) {
+        // SAFETY: AVX-512F is present (`uses` never exceeds the detected tier); the function
+        // checks the slice lengths it relies on.
+        let windows_nan = unsafe { avx512_pool::backward_2x2(w, g.output, x_p, dy_p, dx_p) };
+        if !windows_nan && !has_nan_outside_windows(g, x_p) {
+            return;
+        }
+        // The paths below add onto a zeroed plane.
+        dx_p.fill(0.0);
     }
+    let fast = pair && !has_nan(x_p);
     if fast {
         // Windows do not overlap: each input gets its window's gradient or zero, chosen with
         // comparisons and selects (no data-dependent branches or indices).
@@ -158,13 +183,68 @@ fn pool_backward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], dy_p: &[f32], 
     }
 }
 
-/// The 2×2, stride-2 max-pool backward pass on NaN-free planes, 16 windows per step.
+/// The 2×2, stride-2 max-pool passes on NaN-free windows, 16 windows per step.
 #[cfg(target_arch = "x86_64")]
 mod avx512_pool {
     use std::arch::x86_64::*;
 
+    /// `y` of one plane (row width `w`, `[oh, ow]` windows); returns whether a window held a NaN
+    /// (then `y` is not the result). The scalar path's selects, `if b > a { b } else { a }`, which is `vmaxps(b, a)` (it returns its second
+    /// operand unless the first is greater, so equal values and zeros of either sign pick the
+    /// same one).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn forward_2x2(
+        w: usize,
+        [oh, ow]: [usize; 2],
+        x: &[f32],
+        y: &mut [f32],
+    ) -> bool {
+        assert!(2 * ow <= w && x.len() >= 2 * oh * w && y.len() >= oh * ow);
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let bits = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
+        let mut nan: __mmask16 = 0;
+        // SAFETY: every access below is masked to the `2·ow` floats of a row pair, or the `ow`
+        // outputs of a window row, which the asserts above keep inside the slices.
+        unsafe {
+            for oy in 0..oh {
+                for ox in (0..ow).step_by(16) {
+                    let n = (ow - ox).min(16);
+                    let (lo, hi) = (bits(2 * n), bits((2 * n).saturating_sub(16)));
+                    let r0 = x.as_ptr().add(2 * oy * w + 2 * ox);
+                    let r1 = r0.add(w);
+                    let (t0, t1) = (
+                        _mm512_maskz_loadu_ps(lo, r0),
+                        _mm512_maskz_loadu_ps(hi, r0.wrapping_add(16)),
+                    );
+                    let (b0, b1) = (
+                        _mm512_maskz_loadu_ps(lo, r1),
+                        _mm512_maskz_loadu_ps(hi, r1.wrapping_add(16)),
+                    );
+                    let top = _mm512_max_ps(
+                        _mm512_permutex2var_ps(t0, odd, t1),
+                        _mm512_permutex2var_ps(t0, even, t1),
+                    );
+                    let bottom = _mm512_max_ps(
+                        _mm512_permutex2var_ps(b0, odd, b1),
+                        _mm512_permutex2var_ps(b0, even, b1),
+                    );
+                    let out = y.as_mut_ptr().add(oy * ow + ox);
+                    _mm512_mask_storeu_ps(out, bits(n), _mm512_max_ps(bottom, top));
+                    nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(t0, t1)
+                        | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(b0, b1);
+                }
+            }
+        }
+        nan != 0
+    }
+
     /// `dx` of one plane (row width `w`, `[oh, ow]` windows; `dx` zero on entry): each window's
-    /// gradient goes to its first maximum in row-major order, the other three get zero.
+    /// gradient goes to its first maximum in row-major order, the other three get zero. Returns
+    /// whether a window held a NaN (then `dx` is not the result).
     ///
     /// # Safety
     /// The CPU supports AVX-512F.
@@ -175,7 +255,7 @@ mod avx512_pool {
         x: &[f32],
         dy: &[f32],
         dx: &mut [f32],
-    ) {
+    ) -> bool {
         assert!(2 * ow <= w && x.len() >= 2 * oh * w && dx.len() >= 2 * oh * w);
         assert!(dy.len() >= oh * ow);
         let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -183,6 +263,7 @@ mod avx512_pool {
         let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
         let high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
         let bits = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
+        let mut nan: __mmask16 = 0;
         // SAFETY: every access below is masked to the `2·ow` floats of a row pair, or the `ow`
         // gradients of a window row, which the asserts above keep inside the slices.
         unsafe {
@@ -232,8 +313,11 @@ mod avx512_pool {
                         hi,
                         _mm512_permutex2var_ps(gc, high, gd),
                     );
+                    nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(t0, t1)
+                        | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(b0, b1);
                 }
             }
         }
+        nan != 0
     }
 }

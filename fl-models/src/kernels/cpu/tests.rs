@@ -540,7 +540,7 @@ fn results_do_not_depend_on_the_thread_count() {
 fn max_pool_fast_paths_follow_the_first_maximum_rule() {
     at_every_isa(|_| {
         // Rows of 39 (19 windows: a full 16-window step and a masked one), values on a coarse
-        // grid so that ties are frequent.
+        // grid so that ties are frequent, zeros of both signs among them (compared by bits).
         let g = PoolGeometry {
             planes: 3,
             input: [7, 39],
@@ -548,24 +548,31 @@ fn max_pool_fast_paths_follow_the_first_maximum_rule() {
             stride: [2, 2],
             output: [3, 19],
         };
-        let x: Vec<f32> = values(3 * 7 * 39, 5)
+        let coarse: Vec<f32> = values(3 * 7 * 39, 5)
             .iter()
             .map(|v| (v * 3.0).round())
             .collect();
+        // Mostly zeros of both signs: windows whose maximum is a tie between +0 and −0.
+        let zeros: Vec<f32> = values(3 * 7 * 39, 7)
+            .iter()
+            .map(|v| [-0.0, 0.0, -0.0, 0.0, -1.0][((v + 1.0) * 1000.0) as usize % 5])
+            .collect();
         let dy = values(3 * 3 * 19, 6);
-        let (y, dx) = (max_pool2d_forward(&g, &x), max_pool2d_backward(&g, &x, &dy));
-        let mut expected = vec![0.0f32; x.len()];
-        for p in 0..3 {
-            let plane = &x[p * 273..(p + 1) * 273];
-            for oy in 0..3 {
-                for ox in 0..19 {
-                    let at = g.argmax(plane, oy, ox);
-                    assert_eq!(y[p * 57 + oy * 19 + ox], plane[at]);
-                    expected[p * 273 + at] += dy[p * 57 + oy * 19 + ox];
+        for x in [coarse, zeros] {
+            let (y, dx) = (max_pool2d_forward(&g, &x), max_pool2d_backward(&g, &x, &dy));
+            let mut expected = vec![0.0f32; x.len()];
+            for p in 0..3 {
+                let plane = &x[p * 273..(p + 1) * 273];
+                for oy in 0..3 {
+                    for ox in 0..19 {
+                        let at = g.argmax(plane, oy, ox);
+                        assert_eq!(y[p * 57 + oy * 19 + ox].to_bits(), plane[at].to_bits());
+                        expected[p * 273 + at] += dy[p * 57 + oy * 19 + ox];
+                    }
                 }
             }
+            assert_eq!(dx, expected);
         }
-        assert_eq!(dx, expected);
     });
 }
 
@@ -608,6 +615,14 @@ fn max_pool_picks_the_first_maximum_and_routes_its_gradient() {
         assert_eq!(dx[27], 6.0, "the NaN takes its window's gradient");
         // Column 4 is never in a window (floor mode).
         assert!((0..4).all(|r| dx[r * 5 + 4] == 0.0));
+        // A NaN there still sends its plane down the general path, as a NaN anywhere does,
+        // where a −0 gradient lands as 0 + (−0) = +0.
+        let mut x = values(40, 12);
+        (x[4], x[0]) = (f32::NAN, 9.0);
+        let mut dy = vec![1.0f32; 8];
+        dy[0] = -0.0;
+        let dx = max_pool2d_backward(&g, &x, &dy);
+        assert_eq!(dx[0].to_bits(), 0.0f32.to_bits());
     });
 }
 
