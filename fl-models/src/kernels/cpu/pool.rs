@@ -188,10 +188,55 @@ fn pool_backward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], dy_p: &[f32], 
 mod avx512_pool {
     use std::arch::x86_64::*;
 
+    /// The mask of the first `n` lanes.
+    fn bits(n: usize) -> __mmask16 {
+        ((1u32 << n.min(16)) - 1) as __mmask16
+    }
+
+    /// The corners of the 16 windows from `(oy, ox)` on, `n` of them real (zeros in the other
+    /// lanes): top left, top right, bottom left, bottom right; and the lanes holding a NaN.
+    ///
+    /// # Safety
+    /// AVX-512F; `ox + n <= ow` with `2·ow <= w`, and `x` holds rows `2·oy` and `2·oy + 1` of
+    /// width `w`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn corners(
+        x: &[f32],
+        w: usize,
+        [oy, ox]: [usize; 2],
+        n: usize,
+    ) -> ([__m512; 4], __mmask16) {
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let (lo, hi) = (bits(2 * n), bits((2 * n).saturating_sub(16)));
+        // SAFETY: the loads are masked to the `2·n` floats from `2·ox` of both rows, inside `x`
+        // by the contract.
+        let [t0, t1, b0, b1] = unsafe {
+            let r0 = x.as_ptr().add(2 * oy * w + 2 * ox);
+            let r1 = r0.add(w);
+            [
+                _mm512_maskz_loadu_ps(lo, r0),
+                _mm512_maskz_loadu_ps(hi, r0.wrapping_add(16)),
+                _mm512_maskz_loadu_ps(lo, r1),
+                _mm512_maskz_loadu_ps(hi, r1.wrapping_add(16)),
+            ]
+        };
+        let nan =
+            _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(t0, t1) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(b0, b1);
+        let corners = [
+            _mm512_permutex2var_ps(t0, even, t1),
+            _mm512_permutex2var_ps(t0, odd, t1),
+            _mm512_permutex2var_ps(b0, even, b1),
+            _mm512_permutex2var_ps(b0, odd, b1),
+        ];
+        (corners, nan)
+    }
+
     /// `y` of one plane (row width `w`, `[oh, ow]` windows); returns whether a window held a NaN
-    /// (then `y` is not the result). The scalar path's selects, `if b > a { b } else { a }`, which is `vmaxps(b, a)` (it returns its second
-    /// operand unless the first is greater, so equal values and zeros of either sign pick the
-    /// same one).
+    /// (then `y` is not the result). The scalar path's selects, `if b > a { b } else { a }`,
+    /// are `vmaxps(b, a)` (it returns its second operand unless the first is greater, so equal
+    /// values and zeros of either sign pick the same one).
     ///
     /// # Safety
     /// The CPU supports AVX-512F.
@@ -203,39 +248,18 @@ mod avx512_pool {
         y: &mut [f32],
     ) -> bool {
         assert!(2 * ow <= w && x.len() >= 2 * oh * w && y.len() >= oh * ow);
-        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-        let bits = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
         let mut nan: __mmask16 = 0;
-        // SAFETY: every access below is masked to the `2·ow` floats of a row pair, or the `ow`
-        // outputs of a window row, which the asserts above keep inside the slices.
-        unsafe {
-            for oy in 0..oh {
-                for ox in (0..ow).step_by(16) {
-                    let n = (ow - ox).min(16);
-                    let (lo, hi) = (bits(2 * n), bits((2 * n).saturating_sub(16)));
-                    let r0 = x.as_ptr().add(2 * oy * w + 2 * ox);
-                    let r1 = r0.add(w);
-                    let (t0, t1) = (
-                        _mm512_maskz_loadu_ps(lo, r0),
-                        _mm512_maskz_loadu_ps(hi, r0.wrapping_add(16)),
-                    );
-                    let (b0, b1) = (
-                        _mm512_maskz_loadu_ps(lo, r1),
-                        _mm512_maskz_loadu_ps(hi, r1.wrapping_add(16)),
-                    );
-                    let top = _mm512_max_ps(
-                        _mm512_permutex2var_ps(t0, odd, t1),
-                        _mm512_permutex2var_ps(t0, even, t1),
-                    );
-                    let bottom = _mm512_max_ps(
-                        _mm512_permutex2var_ps(b0, odd, b1),
-                        _mm512_permutex2var_ps(b0, even, b1),
-                    );
+        for oy in 0..oh {
+            for ox in (0..ow).step_by(16) {
+                let n = (ow - ox).min(16);
+                // SAFETY: `ox + n <= ow`, and the asserts keep the rows and the `n` outputs
+                // from `oy·ow + ox` inside the slices.
+                unsafe {
+                    let ([a, b, c, d], window_nan) = corners(x, w, [oy, ox], n);
+                    let (top, bottom) = (_mm512_max_ps(b, a), _mm512_max_ps(d, c));
                     let out = y.as_mut_ptr().add(oy * ow + ox);
                     _mm512_mask_storeu_ps(out, bits(n), _mm512_max_ps(bottom, top));
-                    nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(t0, t1)
-                        | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(b0, b1);
+                    nan |= window_nan;
                 }
             }
         }
@@ -258,11 +282,8 @@ mod avx512_pool {
     ) -> bool {
         assert!(2 * ow <= w && x.len() >= 2 * oh * w && dx.len() >= 2 * oh * w);
         assert!(dy.len() >= oh * ow);
-        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
         let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
         let high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-        let bits = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
         let mut nan: __mmask16 = 0;
         // SAFETY: every access below is masked to the `2·ow` floats of a row pair, or the `ow`
         // gradients of a window row, which the asserts above keep inside the slices.
@@ -271,20 +292,8 @@ mod avx512_pool {
                 for ox in (0..ow).step_by(16) {
                     let n = (ow - ox).min(16);
                     let (lo, hi) = (bits(2 * n), bits((2 * n).saturating_sub(16)));
-                    let r0 = x.as_ptr().add(2 * oy * w + 2 * ox);
-                    let r1 = r0.add(w);
-                    let (t0, t1) = (
-                        _mm512_maskz_loadu_ps(lo, r0),
-                        _mm512_maskz_loadu_ps(hi, r0.wrapping_add(16)),
-                    );
-                    let (b0, b1) = (
-                        _mm512_maskz_loadu_ps(lo, r1),
-                        _mm512_maskz_loadu_ps(hi, r1.wrapping_add(16)),
-                    );
-                    let a = _mm512_permutex2var_ps(t0, even, t1);
-                    let b = _mm512_permutex2var_ps(t0, odd, t1);
-                    let c = _mm512_permutex2var_ps(b0, even, b1);
-                    let d = _mm512_permutex2var_ps(b0, odd, b1);
+                    let ([a, b, c, d], window_nan) = corners(x, w, [oy, ox], n);
+                    nan |= window_nan;
                     let max = _mm512_max_ps(_mm512_max_ps(a, b), _mm512_max_ps(c, d));
                     let at_a = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, max);
                     let at_b = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(b, max) & !at_a;
@@ -313,8 +322,6 @@ mod avx512_pool {
                         hi,
                         _mm512_permutex2var_ps(gc, high, gd),
                     );
-                    nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(t0, t1)
-                        | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(b0, b1);
                 }
             }
         }
