@@ -261,6 +261,7 @@ fn valid_taps(o: usize, kernel: usize, stride: usize, pad: usize, size: usize) -
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::super::first_lanes;
     use super::{Conv2dGeometry, LANES, Order, TILE, valid_taps};
     use std::arch::x86_64::*;
 
@@ -317,7 +318,7 @@ mod avx512 {
         assert!(dst.len() >= per_sample * LANES);
         for i0 in (0..per_sample).step_by(16) {
             let len = (per_sample - i0).min(16);
-            let mask: __mmask16 = (u32::MAX >> (32 - len)) as u16;
+            let mask = first_lanes(len);
             let mut rows = [_mm512_setzero_ps(); 16];
             for (lane, row) in rows.iter_mut().enumerate().take(count) {
                 // SAFETY: the masked floats `lane · per_sample + i0 .. + len` lie in `src`.
@@ -356,7 +357,7 @@ mod avx512 {
             let lines = src[(c / TILE) * pixels * TILE * LANES + (c % TILE) * LANES..].as_ptr();
             for p0 in (0..pixels).step_by(16) {
                 let len = (pixels - p0).min(16);
-                let mask: __mmask16 = (u32::MAX >> (32 - len)) as u16;
+                let mask = first_lanes(len);
                 let mut rows = [_mm512_setzero_ps(); 16];
                 for (k, row) in rows.iter_mut().enumerate().take(len) {
                     // SAFETY: pixel `p0 + k < pixels` of channel `c`'s tile lies in `src`.

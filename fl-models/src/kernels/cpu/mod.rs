@@ -165,6 +165,12 @@ fn copy_short(dst: &mut [f32], src: &[f32]) {
     }
 }
 
+/// The mask of a 16-float vector's first `n` lanes (all of them from 16 on): the AVX-512
+/// kernels' partial loads and stores.
+pub(in crate::kernels) fn first_lanes(n: usize) -> u16 {
+    ((1u32 << n.min(16)) - 1) as u16
+}
+
 /// Elements per task of [`par_zeroed`] and [`par_copy`].
 const FILL_CHUNK: usize = 1 << 14;
 

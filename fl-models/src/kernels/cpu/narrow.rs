@@ -212,6 +212,7 @@ struct Shape {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::super::first_lanes;
     use super::{CHANNEL_TILE, LANES, Layout, ROW_TILE, Shape, WEIGHT_GRAD_CHUNK};
     use std::arch::x86_64::*;
 
@@ -258,10 +259,8 @@ mod avx512 {
             for r0 in (0..rows).step_by(ROW_TILE) {
                 let tile_pixels = layout.tile_pixels(r0);
                 // Lanes of each vector that are real rows (the rest are padding).
-                let masks: [__mmask16; 2] = std::array::from_fn(|v| {
-                    let left = rows.saturating_sub(r0 + v * LANES).min(LANES);
-                    ((1u32 << left) - 1) as __mmask16
-                });
+                let masks: [__mmask16; 2] =
+                    std::array::from_fn(|v| first_lanes(rows.saturating_sub(r0 + v * LANES)));
                 for co0 in channels.clone().step_by(CHANNEL_TILE) {
                     // A partial channel tile repeats the last channel; its sums are dropped.
                     let co: [usize; CHANNEL_TILE] =

@@ -186,12 +186,8 @@ fn pool_backward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], dy_p: &[f32], 
 /// The 2×2, stride-2 max-pool passes on NaN-free windows, 16 windows per step.
 #[cfg(target_arch = "x86_64")]
 mod avx512_pool {
+    use super::super::first_lanes;
     use std::arch::x86_64::*;
-
-    /// The mask of the first `n` lanes.
-    fn bits(n: usize) -> __mmask16 {
-        ((1u32 << n.min(16)) - 1) as __mmask16
-    }
 
     /// The corners of the 16 windows from `(oy, ox)` on, `n` of them real (zeros in the other
     /// lanes): top left, top right, bottom left, bottom right; and the lanes holding a NaN.
@@ -209,7 +205,7 @@ mod avx512_pool {
     ) -> ([__m512; 4], __mmask16) {
         let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-        let (lo, hi) = (bits(2 * n), bits((2 * n).saturating_sub(16)));
+        let (lo, hi) = (first_lanes(2 * n), first_lanes((2 * n).saturating_sub(16)));
         // SAFETY: the loads are masked to the `2·n` floats from `2·ox` of both rows, inside `x`
         // by the contract.
         let [t0, t1, b0, b1] = unsafe {
@@ -258,7 +254,7 @@ mod avx512_pool {
                     let ([a, b, c, d], window_nan) = corners(x, w, [oy, ox], n);
                     let (top, bottom) = (_mm512_max_ps(b, a), _mm512_max_ps(d, c));
                     let out = y.as_mut_ptr().add(oy * ow + ox);
-                    _mm512_mask_storeu_ps(out, bits(n), _mm512_max_ps(bottom, top));
+                    _mm512_mask_storeu_ps(out, first_lanes(n), _mm512_max_ps(bottom, top));
                     nan |= window_nan;
                 }
             }
@@ -291,7 +287,7 @@ mod avx512_pool {
             for oy in 0..oh {
                 for ox in (0..ow).step_by(16) {
                     let n = (ow - ox).min(16);
-                    let (lo, hi) = (bits(2 * n), bits((2 * n).saturating_sub(16)));
+                    let (lo, hi) = (first_lanes(2 * n), first_lanes((2 * n).saturating_sub(16)));
                     let ([a, b, c, d], window_nan) = corners(x, w, [oy, ox], n);
                     nan |= window_nan;
                     let max = _mm512_max_ps(_mm512_max_ps(a, b), _mm512_max_ps(c, d));
@@ -299,7 +295,7 @@ mod avx512_pool {
                     let at_b = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(b, max) & !at_a;
                     let at_c = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(c, max) & !(at_a | at_b);
                     let at_d = !(at_a | at_b | at_c);
-                    let grad = _mm512_maskz_loadu_ps(bits(n), dy.as_ptr().add(oy * ow + ox));
+                    let grad = _mm512_maskz_loadu_ps(first_lanes(n), dy.as_ptr().add(oy * ow + ox));
                     let (ga, gb) = (
                         _mm512_maskz_mov_ps(at_a, grad),
                         _mm512_maskz_mov_ps(at_b, grad),

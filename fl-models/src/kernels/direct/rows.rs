@@ -2,6 +2,7 @@
 //! vectors instead of the wide length, for maps where that computes fewer (see [`RowVectors`]).
 
 use super::{ForwardArgs, LANES, ScatterLayout, Wide, check_scatter};
+use crate::kernels::cpu::first_lanes;
 
 /// The pixel vectors of each output row, for maps where they are fewer than the wide layout's
 /// (rows 16 or 32 wide, or short rows under wide kernels: on 16×16 maps the wide layout computes
@@ -31,7 +32,7 @@ impl Wide {
             for x0 in (0..ow).step_by(LANES) {
                 v.starts.push(oy * self.padded[1] + x0);
                 v.dest.push(oy * ow + x0);
-                v.masks.push(((1u32 << (ow - x0).min(LANES)) - 1) as u16);
+                v.masks.push(first_lanes(ow - x0));
             }
         }
         v
