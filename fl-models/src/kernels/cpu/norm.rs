@@ -126,21 +126,14 @@ pub fn batch_norm_train_forward(
         .map(|c| (g.channel_total(&sums, c, 0) / g.count()) as f32)
         .collect();
     let squares = g.per_sample_sums(|n, out| sample_squares(g.plane, g.sample(x, n), &mean, out));
-    let stats: Vec<(f32, f32)> = (0..g.channels)
-        .map(|c| {
-            (
-                mean[c],
-                (g.channel_total(&squares, c, 0) / g.count()) as f32,
-            )
-        })
+    let var: Vec<f32> = (0..g.channels)
+        .map(|c| (g.channel_total(&squares, c, 0) / g.count()) as f32)
         .collect();
     // y = a·x + b with a = γ/√(σ²+ε), b = β − μ·a.
-    let affine: Vec<(f32, f32)> = stats
-        .iter()
-        .zip(gamma.iter().zip(beta))
-        .map(|(&(m, v), (&gm, &bt))| {
-            let a = (gm as f64 / (v as f64 + epsilon).sqrt()) as f32;
-            (a, bt - m * a)
+    let affine: Vec<(f32, f32)> = (0..g.channels)
+        .map(|c| {
+            let a = (gamma[c] as f64 / (var[c] as f64 + epsilon).sqrt()) as f32;
+            (a, beta[c] - mean[c] * a)
         })
         .collect();
     let mut y = super::par_zeroed(x.len());
@@ -150,7 +143,6 @@ pub fn batch_norm_train_forward(
             .zip(x.par_chunks(sample))
             .for_each(|(y_s, x_s)| affine_sample(g.plane, &affine, x_s, y_s));
     }
-    let (mean, var) = stats.into_iter().unzip();
     (y, mean, var)
 }
 
@@ -175,20 +167,13 @@ pub fn batch_norm_train_backward(
     let plane_sums = g.per_sample_sums(|n, out| {
         sample_grad_sums(g.plane, (g.sample(dy, n), g.sample(x, n)), mean, out)
     });
-    let sums: Vec<(f64, f64)> = (0..g.channels)
-        .map(|c| {
-            (
-                g.channel_total(&plane_sums, c, 0),
-                g.channel_total(&plane_sums, c, 1),
-            )
-        })
-        .collect();
     let mut d_gamma = vec![0.0f32; g.channels];
     let mut d_beta = vec![0.0f32; g.channels];
     // dx = k·dy + c1·x + c0 per channel.
     let mut coefficients = Vec::with_capacity(g.channels);
     for c in 0..g.channels {
-        let (sum_dy, sum_dy_centred) = sums[c];
+        let sum_dy = g.channel_total(&plane_sums, c, 0);
+        let sum_dy_centred = g.channel_total(&plane_sums, c, 1);
         let m = mean[c] as f64;
         let sum_dy_xhat = sum_dy_centred * inv_std[c];
         d_beta[c] = sum_dy as f32;
