@@ -50,11 +50,13 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
 pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let [oh, ow] = g.output;
     let wp = ow + g.kernel[1] - 1;
-    // Each lane's real output pixels, in ascending wide position.
+    // Each lane's real output pixels, in ascending wide position; the lanes in the order the
+    // tree adds them (see `avx512::fold_lane`): lane `l` at position `bit_reverse(l)`.
     let mut classes: Vec<Vec<[usize; 2]>> = vec![Vec::new(); LANES];
     for oy in 0..oh {
         for ox in 0..ow {
-            classes[(oy * wp + ox) % LANES].push([oy, ox]);
+            let lane = (oy * wp + ox) % LANES;
+            classes[lane.reverse_bits() >> (usize::BITS - LANES.ilog2())].push([oy, ox]);
         }
     }
     // The 3×3 kernel reads zero-padded copies of the inputs, in the direct kernels' layout.
@@ -80,10 +82,12 @@ fn chunk(
     let db = chunk_bias_grad(dy, g.c_out, pixels);
     let mut dw = vec![0.0f32; g.c_out * taps];
     let count = samples.len();
-    let dy_t = match wide {
-        Some(_) => class_streams(g, dy, classes, count),
-        None => channel_minor(g, dy),
+    let tile = if wide.is_some() {
+        CHANNEL_TILE_3X3
+    } else {
+        CHANNEL_TILE
     };
+    let dy_t = class_streams(g, dy, classes, count, tile);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `applies` checked AVX-512F, a 3×3 or 5-wide kernel and whole channel tiles; the
     // buffers are sized from `g` and `wide` above and below.
@@ -153,27 +157,28 @@ pub(super) fn channel_minor(g: &Conv2dGeometry, dy: &[f32]) -> Vec<f32> {
     dy_t
 }
 
-/// Output gradients in the order the 3×3 kernel reads them, one contiguous stream per channel
-/// tile and lane class: `[channel tile][class][sample][pixel of the class][32 channels]`.
+/// Output gradients in the order the kernels read them, one contiguous stream per channel tile
+/// of `tile` channels and lane class: `[channel tile][class][sample][pixel of the class][tile]`.
 fn class_streams(
     g: &Conv2dGeometry,
     dy: &[f32],
     classes: &[Vec<[usize; 2]>],
     count: usize,
+    tile: usize,
 ) -> Vec<f32> {
     let (pixels, ow) = (g.out_plane(), g.output[1]);
-    let tile_len = count * pixels * CHANNEL_TILE_3X3;
+    let tile_len = count * pixels * tile;
     let mut streams = vec![0.0f32; dy.len()];
     for (n, src) in dy.chunks(g.output_len()).enumerate() {
         let mut start = 0;
         for class in classes {
             for (j, &[oy, ox]) in class.iter().enumerate() {
                 let p = oy * ow + ox;
-                let slot = (count * start + n * class.len() + j) * CHANNEL_TILE_3X3;
-                for (tile, dst) in streams.chunks_exact_mut(tile_len).enumerate() {
-                    let dst = &mut dst[slot..slot + CHANNEL_TILE_3X3];
+                let slot = (count * start + n * class.len() + j) * tile;
+                for (t, dst) in streams.chunks_exact_mut(tile_len).enumerate() {
+                    let dst = &mut dst[slot..slot + tile];
                     for (c, v) in dst.iter_mut().enumerate() {
-                        *v = src[(tile * CHANNEL_TILE_3X3 + c) * pixels + p];
+                        *v = src[(t * tile + c) * pixels + p];
                     }
                 }
             }
@@ -187,29 +192,63 @@ fn class_streams(
 pub(super) mod avx512 {
     use super::{CHANNEL_TILE, CHANNEL_TILE_3X3, Conv2dGeometry, LANES, Wide};
     use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
 
     const VECTORS: usize = CHANNEL_TILE / 16;
 
-    /// One register tile's 16 lane chains: `[lane][channel vector][tap]`.
-    type Lanes<const V: usize, const T: usize> = [[[__m512; T]; V]; LANES];
+    /// One register tile: `[channel vector][tap]`.
+    type Tile<const V: usize, const T: usize> = [[__m512; T]; V];
 
-    /// Adds the 16 chains of every element by `_mm512_reduce_add_ps`'s tree: lane `l` with
-    /// `l + 8`, then `+ 4`, `+ 2`, `+ 1`, in place; the sums end in `lanes[0]`. (Loops, not
-    /// `array::from_fn`: closures the compiler left un-inlined moved every partial tile through
-    /// `memcpy`.)
-    #[target_feature(enable = "avx512f")]
-    fn lane_tree<const V: usize, const T: usize>(lanes: &mut Lanes<V, T>) -> &[[__m512; T]; V] {
-        for half in [8, 4, 2, 1] {
-            let (low, high) = lanes.split_at_mut(half);
-            for (a, b) in low.iter_mut().zip(&high[..half]) {
-                for (a, b) in a.iter_mut().zip(b) {
-                    for (a, b) in a.iter_mut().zip(b) {
-                        *a = _mm512_add_ps(*a, *b);
-                    }
-                }
+    /// The 16 lane chains of a register tile, added by `_mm512_reduce_add_ps`'s tree (lane `l`
+    /// with `l + 8`, then `+ 4`, `+ 2`, `+ 1`) as they arrive: the lanes come in the tree's
+    /// order (lane `l` at position `bit_reverse(l)`: 0, 8, 4, 12, 2, …), and each pair is added
+    /// once both of its halves are known, the earlier one as the first operand, exactly the
+    /// tree's additions. At most one partial tile per level waits in memory, where the whole
+    /// tree kept (and zeroed) sixteen.
+    pub(in crate::kernels::cpu) struct LaneTree<const V: usize, const T: usize> {
+        /// `partials[level]`: the sum of the last `2^level` lanes, waiting for its pair;
+        /// `partials[4]`: the total.
+        partials: [MaybeUninit<Tile<V, T>>; 5],
+        /// Lanes added so far.
+        position: usize,
+    }
+
+    impl<const V: usize, const T: usize> LaneTree<V, T> {
+        /// No lanes yet.
+        pub(in crate::kernels::cpu) fn new() -> Self {
+            Self {
+                partials: [const { MaybeUninit::uninit() }; 5],
+                position: 0,
             }
         }
-        &lanes[0]
+
+        /// Adds the next lane's chains.
+        #[target_feature(enable = "avx512f")]
+        pub(in crate::kernels::cpu) fn push(&mut self, mut sum: Tile<V, T>) {
+            assert!(self.position < LANES, "lane tree: more than 16 lanes");
+            let mut level = 0;
+            while self.position >> level & 1 == 1 {
+                // SAFETY: bit `level` of `position` is set, so the lane at `position − 2^level`
+                // (a smaller position with `level` trailing ones) wrote this level and no
+                // lane has read it since.
+                let earlier = unsafe { self.partials[level].assume_init_read() };
+                for (s, e) in sum.iter_mut().zip(&earlier) {
+                    for (s, e) in s.iter_mut().zip(e) {
+                        *s = _mm512_add_ps(*e, *s);
+                    }
+                }
+                level += 1;
+            }
+            self.partials[level].write(sum);
+            self.position += 1;
+        }
+
+        /// The tree's total, after sixteen lanes.
+        pub(in crate::kernels::cpu) fn total(&self) -> &Tile<V, T> {
+            assert_eq!(self.position, LANES, "lane tree: lanes missing");
+            // SAFETY: the sixteenth lane (position 15, four trailing ones) wrote level 4.
+            unsafe { self.partials[4].assume_init_ref() }
+        }
     }
 
     /// Writes a tile's sums (`total[v][t]`: channels `co0 + 16·v ..` at tap `k0 + t`) into the
@@ -290,11 +329,9 @@ pub(super) mod avx512 {
             // This tile's stream, class after class.
             let mut d = dy_t.as_ptr().add(co0 * count * pixels);
             let x = padded.as_ptr();
-            // A loop, not `array::from_fn`: left un-inlined, that closure returned each class's
-            // 18-register tile through memory (a `memmove` per class, 10% of this kernel).
             let zero = [[_mm512_setzero_ps(); 9]; V];
-            let mut lanes: Lanes<V, 9> = [zero; LANES];
-            for (lane, reads) in lanes.iter_mut().zip(reads) {
+            let mut tree = LaneTree::<V, 9>::new();
+            for reads in reads {
                 let mut acc = zero;
                 for &at in reads {
                     let dv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(d.add(v * 16)));
@@ -307,14 +344,14 @@ pub(super) mod avx512 {
                         }
                     }
                 }
-                *lane = acc;
+                tree.push(acc);
             }
-            store_tile(lane_tree(&mut lanes), [co0, ci * 9, g.col_rows()], dw);
+            store_tile(tree.total(), [co0, ci * 9, g.col_rows()], dw);
         }
     }
 
-    /// One chunk of samples: `count` inputs, their output gradients `[count][out_plane][c_out]`
-    /// and the output pixels of each lane class.
+    /// One chunk of samples: `count` inputs, their output gradients as `class_streams` lays
+    /// them out for 64-channel tiles, and the output pixels of each lane class in tree order.
     pub(super) struct Chunk<'a> {
         pub(super) g: &'a Conv2dGeometry,
         pub(super) count: usize,
@@ -325,12 +362,12 @@ pub(super) mod avx512 {
 
     /// `dw[co0..co0 + 64, (ci, ky, kx)]` for every `kx`: per lane class, a chain over the
     /// chunk's samples and the class's pixels whose tap reads the image, then the 16 chains
-    /// added by `_mm512_reduce_add_ps`'s tree.
+    /// added by [`LaneTree`].
     ///
     /// # Safety
     /// AVX-512F; `KW == g.kernel[1]`; `x` holds `count` samples, `dy_t` their output gradients
-    /// `[count][out_plane][c_out]`, `dw` `c_out · c_in·kh·kw` floats, `co0 + 64 <= c_out`,
-    /// `ci < c_in`, `ky < kh`, and `classes` lists pixels inside the output.
+    /// in class streams, `dw` `c_out · c_in·kh·kw` floats, `co0` a multiple of 64 with
+    /// `co0 + 64 <= c_out`, `ci < c_in`, `ky < kh`, and `classes` lists each output pixel once.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn kernel_row<const KW: usize>(
         chunk: &Chunk,
@@ -344,25 +381,33 @@ pub(super) mod avx512 {
             dy_t,
             classes,
         } = *chunk;
-        let ([h, w], [ph, pw], [_, ow]) = (g.input, g.pad_begin, g.output);
+        let ([h, w], [ph, pw]) = (g.input, g.pad_begin);
         assert!(KW == g.kernel[1] && co0 + CHANNEL_TILE <= g.c_out && ci < g.c_in);
+        assert!(co0.is_multiple_of(CHANNEL_TILE));
         assert!(x.len() >= count * g.input_len() && dy_t.len() >= count * g.output_len());
+        assert!(
+            classes.len() == LANES && classes.iter().map(Vec::len).sum::<usize>() == g.out_plane()
+        );
         assert!(dw.len() >= g.c_out * g.col_rows());
-        // SAFETY: the asserts bound every access; pixels and taps are checked to lie inside
-        // the output and the image.
+        // SAFETY: the asserts bound every access: taps are checked to lie inside the image,
+        // and the tile's stream is `count·pixels·64` floats from `co0·count·pixels`, within
+        // `count·c_out·pixels`.
         unsafe {
+            // This tile's stream, class after class.
+            let mut d = dy_t.as_ptr().add(co0 * count * g.out_plane());
             let zero = [[_mm512_setzero_ps(); KW]; VECTORS];
-            let mut lanes = [zero; LANES];
-            for (lane, class) in lanes.iter_mut().zip(classes) {
+            let mut tree = LaneTree::<VECTORS, KW>::new();
+            for class in classes {
                 let mut acc = zero;
                 for n in 0..count {
                     let plane = x.as_ptr().add((n * g.c_in + ci) * h * w);
                     for &[oy, ox] in class {
+                        let pixel = d;
+                        d = d.add(CHANNEL_TILE);
                         let Some(iy) = (oy + ky).checked_sub(ph).filter(|&iy| iy < h) else {
                             continue;
                         };
-                        let pixel = n * g.out_plane() + oy * ow + ox;
-                        let d = dy_t.as_ptr().add(pixel * g.c_out + co0);
+                        let d = pixel;
                         let dv: [__m512; VECTORS] =
                             std::array::from_fn(|v| _mm512_loadu_ps(d.add(v * 16)));
                         for kx in 0..KW {
@@ -376,10 +421,10 @@ pub(super) mod avx512 {
                         }
                     }
                 }
-                *lane = acc;
+                tree.push(acc);
             }
             let row = (ci * g.kernel[0] + ky) * KW;
-            store_tile(lane_tree(&mut lanes), [co0, row, g.col_rows()], dw);
+            store_tile(tree.total(), [co0, row, g.col_rows()], dw);
         }
     }
 }
