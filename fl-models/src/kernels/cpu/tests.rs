@@ -324,12 +324,15 @@ fn small_map_weight_gradients_are_gemms_bits() {
 
 #[test]
 fn small_map_convolutions_across_samples_keep_their_paths_bits() {
-    // CNN3's and VGG-16's small maps: the direct kernels' order (8×8), gemm's with several depth
-    // blocks (7×7 and 3×3 under 5×5 kernels: 3,200 rows), a strided layer with asymmetric
-    // padding, input gradients over two blocks of output channels (600), batches that leave
-    // part of the last vector empty.
+    // The small maps of CNN3, CNN4, ResNet-20 and VGG-16: the direct kernels' order (8×8),
+    // gemm's with several depth blocks (7×7 and 3×3 under 5×5 kernels: 3,200 rows), a strided
+    // layer with asymmetric padding, input gradients over two blocks of output channels (600),
+    // batches that leave part of the last vector empty.
     let shapes = [
         geometry([40, 64, 8, 8], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        // ResNet-20's 8×8 stage and CNN4's Conv5: 3×3 kernels on 8×8 maps, direct order.
+        geometry([37, 64, 8, 8], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([40, 64, 8, 8], [128, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([40, 128, 7, 7], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
         geometry([16, 128, 3, 3], [256, 5, 5], [1, 1], [(2, 2), (2, 2)]),
         geometry([45, 32, 4, 4], [48, 3, 3], [1, 1], [(1, 1), (1, 1)]),
@@ -384,6 +387,9 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
     b[3] = -0.0;
     assert_eq!(lanes::Order::for_geometry(g, Some(&b)), None);
     let g = geometry([40, 64, 2, 2], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]);
+    assert_eq!(lanes::Order::for_geometry(&g, None), None);
+    // 16×16 maps under 3×3 kernels (8% padding) stay on the direct kernels.
+    let g = geometry([40, 32, 16, 16], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]);
     assert_eq!(lanes::Order::for_geometry(&g, None), None);
 }
 
