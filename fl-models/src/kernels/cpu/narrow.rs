@@ -20,7 +20,7 @@
 
 use rayon::prelude::*;
 
-use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, chunk_bias_grad, im2col};
+use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, chunk_bias_grad};
 use crate::kernels::isa::{Isa, uses};
 
 /// Floats per AVX-512 vector.
@@ -54,37 +54,57 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     let (rows, pixels) = (g.col_rows(), g.out_plane());
     let stride = rows.next_multiple_of(ROW_TILE);
     let layout = Layout::new(g);
-    // The column matrices transposed and cut into row tiles, `[batch][stride / ROW_TILE]
-    // [pixels][ROW_TILE]`: a pixel's rows of one tile are two whole vectors (zeros past `rows`),
-    // and a tile's pixels of one sample are contiguous, so a pass over the batch streams whole
-    // pages (with a pixel's rows `stride` apart, 49-pixel maps thrashed the TLB); tap-major
-    // rows (`tap · c_in + ci`) where the layout says so.
+    // The column matrices transposed and cut into row tiles, tile-major,
+    // `[stride / ROW_TILE][batch][pixels][ROW_TILE]`: a pixel's rows of one tile are two whole
+    // vectors (zeros past `rows`), and one tile of the whole batch is one contiguous stream,
+    // which the kernel walks once per channel tile (sample-major, it jumped a page or more per
+    // sample); tap-major rows (`tap · c_in + ci`) where the layout says so. Each value is
+    // gathered straight from the input, as im2col would have copied it.
+    let sources = layout.sources(g);
+    let plane = g.input[0] * g.input[1];
     let mut cols_t = super::par_zeroed(g.batch * pixels * stride);
     cols_t
-        .par_chunks_mut(pixels * stride)
-        .zip(x.par_chunks(g.input_len()))
-        .for_each_init(
-            || g.col_buffer(),
-            |col, (dst, x_n)| {
-                let cols: &[f32] = if g.is_pointwise() {
-                    x_n
-                } else {
-                    im2col(g, x_n, col);
-                    col
-                };
-                for (r, row) in cols.chunks_exact(pixels).take(rows).enumerate() {
-                    let r = layout.row(r / layout.taps, r % layout.taps);
-                    for (p, &v) in row.iter().enumerate() {
-                        dst[(r / ROW_TILE * pixels + p) * ROW_TILE + r % ROW_TILE] = v;
+        .par_chunks_mut(g.batch * pixels * ROW_TILE)
+        .enumerate()
+        .for_each(|(tile, dst)| {
+            let rows = &sources[tile * ROW_TILE..rows.min((tile + 1) * ROW_TILE)];
+            for (x_n, dst) in x
+                .chunks_exact(g.input_len())
+                .zip(dst.chunks_exact_mut(pixels * ROW_TILE))
+            {
+                for (p, dst) in dst.chunks_exact_mut(ROW_TILE).enumerate() {
+                    for (v, &(ci, tap)) in dst.iter_mut().zip(rows) {
+                        if let Some(at) = layout.offsets[tap][p] {
+                            *v = x_n[ci * plane + at];
+                        }
                     }
                 }
-            },
-        );
+            }
+        });
     // The bias gradient through the im2col path's own chunking (no weight partials).
     let (_, db) = super::sum_over_chunks(g.batch, |samples| {
         let dy_chunk = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
         (Vec::new(), chunk_bias_grad(dy_chunk, g.c_out, pixels))
     });
+    // The output gradients in the same way, `[c_out / CHANNEL_TILE][batch][pixels]
+    // [CHANNEL_TILE]` (zeros past `c_out`): a channel tile's values, one stream.
+    let tiles = g.c_out.div_ceil(CHANNEL_TILE);
+    let mut dy_t = vec![0.0f32; tiles * g.batch * pixels * CHANNEL_TILE];
+    dy_t.par_chunks_exact_mut(g.batch * pixels * CHANNEL_TILE)
+        .enumerate()
+        .for_each(|(tile, dst)| {
+            let channels = tile * CHANNEL_TILE..g.c_out.min((tile + 1) * CHANNEL_TILE);
+            for (dy_n, dst) in dy
+                .chunks_exact(g.output_len())
+                .zip(dst.chunks_exact_mut(pixels * CHANNEL_TILE))
+            {
+                for (j, co) in channels.clone().enumerate() {
+                    for (p, &v) in dy_n[co * pixels..][..pixels].iter().enumerate() {
+                        dst[p * CHANNEL_TILE + j] = v;
+                    }
+                }
+            }
+        });
     let mut dw = super::par_zeroed(g.c_out * rows);
     let shape = Shape {
         c_out: g.c_out,
@@ -102,7 +122,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
             // built above.
             unsafe {
                 let channels = first..first + out.len() / rows;
-                avx512::channels(&shape, &layout, channels, dy, &cols_t, out);
+                avx512::channels(&shape, &layout, channels, &dy_t, &cols_t, out);
             }
             layout.to_weight_order(out, rows);
         });
@@ -124,6 +144,9 @@ pub(super) struct Layout {
     taps: usize,
     /// Per tap (one list for all in the weight order), the pixels whose input it reads.
     pixels: Vec<Vec<usize>>,
+    /// Per tap and output pixel, the input (within a channel's plane) it reads, or `None` for
+    /// the padding.
+    offsets: Vec<Vec<Option<usize>>>,
 }
 
 impl Layout {
@@ -131,36 +154,49 @@ impl Layout {
         let [kh, kw] = g.kernel;
         let [oh, ow] = g.output;
         let [h, w] = g.input;
-        let inside = |o: usize, k: usize, s: usize, pad: usize, size: usize| {
-            (o * s + k).checked_sub(pad).is_some_and(|i| i < size)
+        let input = |o: usize, k: usize, s: usize, pad: usize, size: usize| {
+            (o * s + k).checked_sub(pad).filter(|&i| i < size)
         };
-        let per_tap: Vec<Vec<usize>> = (0..kh * kw)
+        let offsets: Vec<Vec<Option<usize>>> = (0..kh * kw)
             .map(|t| {
                 let (ky, kx) = (t / kw, t % kw);
                 (0..oh * ow)
-                    .filter(|p| {
-                        inside(p / ow, ky, g.stride[0], g.pad_begin[0], h)
-                            && inside(p % ow, kx, g.stride[1], g.pad_begin[1], w)
+                    .map(|p| {
+                        let iy = input(p / ow, ky, g.stride[0], g.pad_begin[0], h)?;
+                        let ix = input(p % ow, kx, g.stride[1], g.pad_begin[1], w)?;
+                        Some(iy * w + ix)
                     })
                     .collect()
             })
             .collect();
+        let per_tap: Vec<Vec<usize>> = offsets
+            .iter()
+            .map(|tap| (0..oh * ow).filter(|&p| tap[p].is_some()).collect())
+            .collect();
         let skips = per_tap.iter().any(|p| p.len() < oh * ow);
-        if skips && g.c_in.is_multiple_of(ROW_TILE) {
-            Layout {
-                tap_major: true,
-                c_in: g.c_in,
-                taps: kh * kw,
-                pixels: per_tap,
-            }
-        } else {
-            Layout {
-                tap_major: false,
-                c_in: g.c_in,
-                taps: kh * kw,
-                pixels: vec![(0..oh * ow).collect()],
+        let tap_major = skips && g.c_in.is_multiple_of(ROW_TILE);
+        Layout {
+            tap_major,
+            c_in: g.c_in,
+            taps: kh * kw,
+            pixels: if tap_major {
+                per_tap
+            } else {
+                vec![(0..oh * ow).collect()]
+            },
+            offsets,
+        }
+    }
+
+    /// The (input channel, tap) each row of the transposed column matrices holds.
+    fn sources(&self, g: &Conv2dGeometry) -> Vec<(usize, usize)> {
+        let mut sources = vec![(0, 0); g.col_rows()];
+        for ci in 0..self.c_in {
+            for tap in 0..self.taps {
+                sources[self.row(ci, tap)] = (ci, tap);
             }
         }
+        sources
     }
 
     /// Where the weight's row of input channel `ci` and tap `tap` lives in the transposed
@@ -222,8 +258,10 @@ mod avx512 {
     /// sample's, the chunks' sums left to right.
     ///
     /// # Safety
-    /// The CPU supports AVX-512F; `dy` holds `batch · c_out · pixels` floats, `cols_t`
-    /// `batch · pixels · stride` (laid out `[batch][stride / ROW_TILE][pixels][ROW_TILE]`) with
+    /// The CPU supports AVX-512F; `dy` holds `c_out.div_ceil(CHANNEL_TILE) · batch · pixels ·
+    /// CHANNEL_TILE` floats (laid out `[c_out / CHANNEL_TILE][batch][pixels][CHANNEL_TILE]`),
+    /// `channels` starts at a multiple of [`CHANNEL_TILE`], `cols_t`
+    /// `batch · pixels · stride` (laid out `[stride / ROW_TILE][batch][pixels][ROW_TILE]`) with
     /// `stride` a multiple of [`ROW_TILE`] and at least `rows`,
     /// `channels` lies within `c_out`, `out` holds `channels.len() · rows` floats, and `layout`'s
     /// pixels are below `pixels`.
@@ -243,7 +281,10 @@ mod avx512 {
             pixels,
             batch,
         } = *s;
-        assert!(dy.len() >= batch * c_out * pixels && cols_t.len() >= batch * pixels * stride);
+        let tiles = c_out.div_ceil(CHANNEL_TILE);
+        assert!(dy.len() >= tiles * batch * pixels * CHANNEL_TILE);
+        assert!(cols_t.len() >= batch * pixels * stride);
+        assert!(channels.start.is_multiple_of(CHANNEL_TILE));
         assert!(stride % ROW_TILE == 0 && stride >= rows && channels.end <= c_out);
         assert!(out.len() >= channels.len() * rows);
         let add = |a: [[__m512; 2]; CHANNEL_TILE], b: &[[__m512; 2]; CHANNEL_TILE]| {
@@ -262,22 +303,23 @@ mod avx512 {
                 let masks: [__mmask16; 2] =
                     std::array::from_fn(|v| first_lanes(rows.saturating_sub(r0 + v * LANES)));
                 for co0 in channels.clone().step_by(CHANNEL_TILE) {
-                    // A partial channel tile repeats the last channel; its sums are dropped.
-                    let co: [usize; CHANNEL_TILE] =
-                        std::array::from_fn(|j| (co0 + j).min(channels.end - 1));
+                    // A partial channel tile reads zeros; its sums are dropped.
+                    let tile = dy
+                        .as_ptr()
+                        .add(co0 / CHANNEL_TILE * batch * pixels * CHANNEL_TILE);
                     let mut batch_sum = [[_mm512_setzero_ps(); 2]; CHANNEL_TILE];
                     for c0 in (0..batch).step_by(WEIGHT_GRAD_CHUNK) {
                         let mut chunk_sum = [[_mm512_setzero_ps(); 2]; CHANNEL_TILE];
                         for n in c0..(c0 + WEIGHT_GRAD_CHUNK).min(batch) {
                             let mut acc = [[_mm512_setzero_ps(); 2]; CHANNEL_TILE];
-                            let d = dy.as_ptr().add(n * c_out * pixels);
+                            let d = tile.add(n * pixels * CHANNEL_TILE);
                             for &p in tile_pixels {
                                 let c = cols_t
                                     .as_ptr()
-                                    .add((n * stride + r0) * pixels + p * ROW_TILE);
+                                    .add(((r0 / ROW_TILE * batch + n) * pixels + p) * ROW_TILE);
                                 let v = [_mm512_loadu_ps(c), _mm512_loadu_ps(c.add(LANES))];
-                                for (a, &o) in acc.iter_mut().zip(&co) {
-                                    let w = _mm512_set1_ps(*d.add(o * pixels + p));
+                                for (j, a) in acc.iter_mut().enumerate() {
+                                    let w = _mm512_set1_ps(*d.add(p * CHANNEL_TILE + j));
                                     a[0] = _mm512_fmadd_ps(w, v[0], a[0]);
                                     a[1] = _mm512_fmadd_ps(w, v[1], a[1]);
                                 }
