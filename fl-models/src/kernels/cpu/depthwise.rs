@@ -11,9 +11,9 @@
 //! (a gather over the taps that reach it, not a scatter tap by tap); the weight gradient sweeps
 //! the plane for three taps at a time, sharing each load of the output gradient. Every sum runs
 //! in tap order from zero (tests pin it against a plain loop, bit for bit). The forward pass and
-//! the input gradient run one plane per task; the weight gradient one channel per task, with
-//! fixed-width partial sums over all samples, so no result depends on the thread count or on
-//! the vector width.
+//! the input gradient run one plane per task; the weight gradient one group of channels per
+//! task, with fixed-width partial sums over all samples, so no result depends on the thread
+//! count or on the vector width.
 
 use rayon::prelude::*;
 
@@ -176,7 +176,7 @@ best_isa! {
 }
 
 best_isa! {
-    fn weight_grad_channel => weight_grad_channel_generic(g: &Conv2dGeometry, c: usize, x: &[f32], dy: &[f32], buf: &mut Phased, dw: &mut [f32])
+    fn weight_grad_channels => weight_grad_channels_generic(g: &Conv2dGeometry, channels: std::ops::Range<usize>, x: &[f32], dy: &[f32], buf: &mut Phased, dw: &mut [f32])
 }
 
 fn planes(g: &Conv2dGeometry) -> (usize, usize) {
@@ -311,46 +311,57 @@ fn input_grad_plane_generic(
 pub fn depthwise_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let taps = g.kernel[0] * g.kernel[1];
     let mut dw = vec![0.0f32; g.c_in * taps];
-    dw.par_chunks_mut(taps).enumerate().for_each_init(
-        || Phased::new(g),
-        |buf, (c, dw)| weight_grad_channel(g, c, x, dy, buf, dw),
-    );
+    dw.par_chunks_mut(taps * CHANNEL_GROUP)
+        .enumerate()
+        .for_each_init(
+            || Phased::new(g),
+            |buf, (group, dw)| {
+                let channels = group * CHANNEL_GROUP..group * CHANNEL_GROUP + dw.len() / taps;
+                weight_grad_channels(g, channels, x, dy, buf, dw)
+            },
+        );
     dw
 }
 
+/// Channels per weight-gradient task: each sample's planes of the group are one contiguous
+/// read (one channel per task read a plane per sample, `c_in` planes apart).
+const CHANNEL_GROUP: usize = 8;
+
 #[inline(always)]
-fn weight_grad_channel_generic(
+fn weight_grad_channels_generic(
     g: &Conv2dGeometry,
-    c: usize,
+    channels: std::ops::Range<usize>,
     x: &[f32],
     dy: &[f32],
     buf: &mut Phased,
     dw: &mut [f32],
 ) {
     let (in_plane, out_plane) = planes(g);
-    let [kh, kw] = g.kernel;
+    let taps = g.kernel[0] * g.kernel[1];
     let len = buf.wide.len();
     // LANES partial sums per tap over every sample, added up once at the end.
-    let mut lanes = vec![[0.0f32; LANES]; kh * kw];
+    let mut lanes = vec![[0.0f32; LANES]; channels.len() * taps];
     for n in 0..g.batch {
-        let plane = n * g.c_in + c;
-        buf.load(g, &x[plane * in_plane..(plane + 1) * in_plane]);
-        widen(
-            buf,
-            g.output[1],
-            &dy[plane * out_plane..(plane + 1) * out_plane],
-        );
-        // Taps in groups that share each load of the output gradient, their partial sums in
-        // registers while the plane is swept.
-        let mut k = 0;
-        while k < kh * kw {
-            let (offsets, lanes) = (&buf.offsets[k..], &mut lanes[k..]);
-            let (data, grad) = (&buf.data[..], &buf.wide[..len]);
-            k += match kh * kw - k {
-                3.. => sweep_3_taps(grad, data, offsets, lanes),
-                2 => sweep_2_taps(grad, data, offsets, lanes),
-                _ => sweep_1_tap(grad, data, offsets, lanes),
-            };
+        for (c, lanes) in channels.clone().zip(lanes.chunks_exact_mut(taps)) {
+            let plane = n * g.c_in + c;
+            buf.load(g, &x[plane * in_plane..(plane + 1) * in_plane]);
+            widen(
+                buf,
+                g.output[1],
+                &dy[plane * out_plane..(plane + 1) * out_plane],
+            );
+            // Taps in groups that share each load of the output gradient, their partial sums
+            // in registers while the plane is swept.
+            let mut k = 0;
+            while k < taps {
+                let (offsets, lanes) = (&buf.offsets[k..], &mut lanes[k..]);
+                let (data, grad) = (&buf.data[..], &buf.wide[..len]);
+                k += match taps - k {
+                    3.. => sweep_3_taps(grad, data, offsets, lanes),
+                    2 => sweep_2_taps(grad, data, offsets, lanes),
+                    _ => sweep_1_tap(grad, data, offsets, lanes),
+                };
+            }
         }
     }
     for (dw, acc) in dw.iter_mut().zip(&lanes) {

@@ -668,6 +668,8 @@ fn depthwise_cases() -> Vec<Conv2dGeometry> {
         // Asymmetric padding, unequal strides, a kernel wider than the stride's phases.
         dw([2, 2, 7, 10], [2, 4], [1, 3], [(1, 0), (0, 2)]),
         dw([1, 5, 2, 2], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+        // Channels over two weight-gradient groups and part of a third.
+        dw([3, 19, 6, 6], [3, 3], [1, 1], [(1, 1), (1, 1)]),
     ]
 }
 
