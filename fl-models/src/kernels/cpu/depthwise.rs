@@ -311,21 +311,19 @@ fn input_grad_plane_generic(
 pub fn depthwise_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let taps = g.kernel[0] * g.kernel[1];
     let mut dw = vec![0.0f32; g.c_in * taps];
-    dw.par_chunks_mut(taps * CHANNEL_GROUP)
-        .enumerate()
-        .for_each_init(
-            || Phased::new(g),
-            |buf, (group, dw)| {
-                let channels = group * CHANNEL_GROUP..group * CHANNEL_GROUP + dw.len() / taps;
-                weight_grad_channels(g, channels, x, dy, buf, dw)
-            },
-        );
+    // Up to 8 channels per task, so each sample's planes of the group are one contiguous read
+    // (one channel per task read a plane per sample, `c_in` planes apart), while leaving each
+    // thread four tasks or more. Each channel's sums are the same in any group.
+    let group = (g.c_in / (4 * rayon::current_num_threads())).clamp(1, 8);
+    dw.par_chunks_mut(taps * group).enumerate().for_each_init(
+        || Phased::new(g),
+        |buf, (i, dw)| {
+            let channels = i * group..i * group + dw.len() / taps;
+            weight_grad_channels(g, channels, x, dy, buf, dw)
+        },
+    );
     dw
 }
-
-/// Channels per weight-gradient task: each sample's planes of the group are one contiguous
-/// read (one channel per task read a plane per sample, `c_in` planes apart).
-const CHANNEL_GROUP: usize = 8;
 
 #[inline(always)]
 fn weight_grad_channels_generic(

@@ -821,7 +821,8 @@ fn depthwise_convolution_matches_the_definition_and_its_adjoints() {
 #[test]
 fn depthwise_and_activation_bits_do_not_depend_on_tier_or_threads() {
     let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-    let g = geometry([19, 6, 9, 9], [6, 3, 3], [2, 2], [(1, 1), (1, 1)]);
+    // 40 channels: weight-gradient tasks of 8 channels on one thread, 3 on three.
+    let g = geometry([19, 40, 9, 9], [40, 3, 3], [2, 2], [(1, 1), (1, 1)]);
     let x = values(g.batch * g.input_len(), 31);
     let w = values(g.c_in * 9, 32);
     let dy = values(g.batch * g.output_len(), 33);
