@@ -292,7 +292,7 @@ pub(super) mod avx512 {
 
     /// `dw[co0..co0 + 32, (ci, ky, kx)]` for all nine taps: per lane class, a chain over the
     /// chunk's samples and the class's pixels (padding products included: they add zeros),
-    /// then [`lane_tree`].
+    /// then [`LaneTree`].
     ///
     /// # Safety
     /// AVX-512F; `g.kernel == [3, 3]`, `wide` is `g`'s layout, `padded` holds `count` padded
