@@ -1,6 +1,6 @@
 //! ResNet-20 as published (He et al. 2016) and as the FedMR authors ran it.
 
-use crate::kernels::relu;
+use crate::kernels::{add_relu, relu};
 use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
@@ -53,7 +53,7 @@ impl BasicBlock {
             conv2d_forward(&self.conv1, x.clone()),
         ));
         let out = batch_norm_forward(&self.bn2, conv2d_forward(&self.conv2, out));
-        relu(out + self.shortcut(x))
+        add_relu(out, self.shortcut(x))
     }
 
     /// Option A: subsample spatially (`x[:, :, ::s, ::s]`) and zero-pad the new channels, so the

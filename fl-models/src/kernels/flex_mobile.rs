@@ -1,5 +1,6 @@
 //! The MobileNets' kernels as a second Burn backend extension: depthwise convolutions and the
-//! fused ReLU6 / hard-swish activations, with their own backward passes for autodiff.
+//! fused ReLU6 / hard-swish activations (and ResNet-20's residual addition with its ReLU), with
+//! their own backward passes for autodiff.
 
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -52,6 +53,9 @@ pub trait MobileKernelOps: Backend {
         grad: FloatTensor<Self>,
         act: Activation,
     ) -> FloatTensor<Self>;
+    /// `relu(a + b)` for two tensors of one shape (a residual connection and its ReLU) in one
+    /// pass; its gradient is ReLU's, passed to both operands.
+    fn fl_add_relu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 /// The geometry of a depthwise convolution the kernels handle (groups = input channels =
@@ -90,6 +94,14 @@ pub(super) fn depthwise(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>
 /// Whether the fused activations handle this tensor: `f32` on flex.
 pub(super) fn handles<const D: usize>(x: &Tensor<D>) -> bool {
     x.dtype() == DType::F32 && on_flex(x)
+}
+
+/// Runs [`MobileKernelOps::fl_add_relu`] through Burn's dispatch.
+pub(super) fn add_relu<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as MobileKernelOps>::fl_add_relu(
+        a.into_dispatch(),
+        b.into_dispatch(),
+    ))
 }
 
 /// Runs [`MobileKernelOps::fl_activation`] through Burn's dispatch.
@@ -158,6 +170,16 @@ impl MobileKernelOps for Flex {
         let dx = cpu::activation_backward(act, slice(&saved), slice(&grad));
         FlexTensor::from_data(TensorData::new(dx, saved.shape()))
     }
+
+    fn fl_add_relu(a: FlexTensor, b: FlexTensor) -> FlexTensor {
+        let (mut a, b) = (contiguous(a), contiguous(b));
+        if let Some(values) = values_mut(&mut a) {
+            cpu::add_relu_in_place(values, slice(&b));
+            return a;
+        }
+        let y = cpu::add_relu(slice(&a), slice(&b));
+        FlexTensor::from_data(TensorData::new(y, a.shape()))
+    }
 }
 
 /// The depthwise convolution's autodiff node: parents (x, weight).
@@ -224,6 +246,28 @@ impl<B: Backend + MobileKernelOps> Backward<B, 1> for ActivationBackward {
                 Saved::Output(y) => y,
             };
             grads.register::<B>(node.id, B::fl_activation_backward(x, grad, act));
+        }
+    }
+}
+
+/// `relu(a + b)`'s autodiff node: parents (a, b), state its output.
+#[derive(Debug)]
+struct AddReluBackward;
+
+impl<B: Backend + MobileKernelOps> Backward<B, 2> for AddReluBackward {
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        // ReLU's gradient from its output, then the addition's: the same tensor to both.
+        let grad = B::fl_activation_backward(ops.state, grad, Activation::Relu);
+        match ops.parents {
+            [Some(a), Some(b)] => {
+                grads.register::<B>(a.id, grad.clone());
+                grads.register::<B>(b.id, grad);
+            }
+            [Some(node), None] | [None, Some(node)] => grads.register::<B>(node.id, grad),
+            [None, None] => {}
         }
     }
 }
@@ -300,5 +344,21 @@ impl<B: Backend + MobileKernelOps, C: CheckpointStrategy> MobileKernelOps for Au
         _act: Activation,
     ) -> FloatTensor<Self> {
         unimplemented!("second-order gradients of the fused activations")
+    }
+
+    fn fl_add_relu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        match AddReluBackward
+            .prepare::<C>([a.node(), b.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let y = B::fl_add_relu(a.into_primitive(), b.into_primitive());
+                prep.finish(y.clone(), y)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::fl_add_relu(a.into_primitive(), b.into_primitive()))
+            }
+        }
     }
 }

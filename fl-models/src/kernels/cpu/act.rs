@@ -96,6 +96,30 @@ fn backward_in_place_generic(act: Activation, x: &[f32], g: &mut [f32]) {
     }
 }
 
+/// `relu(a + b)` into `a`: the sum rounded to `f32`, then ReLU, as the two ops compute it.
+#[inline(always)]
+fn add_relu_in_place_generic(a: &mut [f32], b: &[f32]) {
+    for (a, b) in a.iter_mut().zip(b) {
+        *a = forward_one(Activation::Relu, *a + *b);
+    }
+}
+
+/// `relu(a + b)` into `y`.
+#[inline(always)]
+fn add_relu_generic(a: &[f32], b: &[f32], y: &mut [f32]) {
+    for ((y, a), b) in y.iter_mut().zip(a).zip(b) {
+        *y = forward_one(Activation::Relu, *a + *b);
+    }
+}
+
+best_isa! {
+    fn add_relu_in_place_chunk => add_relu_in_place_generic(a: &mut [f32], b: &[f32])
+}
+
+best_isa! {
+    fn add_relu_chunk => add_relu_generic(a: &[f32], b: &[f32], y: &mut [f32])
+}
+
 best_isa! {
     fn forward_chunk => forward_generic(act: Activation, x: &[f32], y: &mut [f32])
 }
@@ -144,4 +168,24 @@ pub fn activation_backward_in_place(act: Activation, x: &[f32], g: &mut [f32]) {
     g.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         .for_each(|(g, x)| backward_in_place_chunk(act, x, g));
+}
+
+/// `relu(a + b)` elementwise (a residual connection and its activation), overwriting `a` (a
+/// tensor nothing else holds): one parallel pass for what was an addition on one thread, then
+/// ReLU.
+pub fn add_relu_in_place(a: &mut [f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "add + ReLU: operand lengths");
+    a.par_chunks_mut(CHUNK)
+        .zip(b.par_chunks(CHUNK))
+        .for_each(|(a, b)| add_relu_in_place_chunk(a, b));
+}
+
+/// [`add_relu_in_place`] into a new buffer.
+pub fn add_relu(a: &[f32], b: &[f32]) -> Vec<f32> {
+    assert_eq!(a.len(), b.len(), "add + ReLU: operand lengths");
+    let mut y = super::par_zeroed(a.len());
+    y.par_chunks_mut(CHUNK)
+        .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+        .for_each(|(y, (a, b))| add_relu_chunk(a, b, y));
+    y
 }
