@@ -1,6 +1,6 @@
 //! ResNet-20 as published (He et al. 2016) and as the FedMR authors ran it.
 
-use crate::kernels::{add_relu, relu};
+use crate::kernels::{add, add_relu, relu};
 use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
@@ -290,7 +290,7 @@ impl PreActBottleneck {
         let out = conv2d_forward(&self.conv1, pre);
         let out = conv2d_forward(&self.conv2, relu(batch_norm_forward(&self.bn2, out)));
         let out = conv2d_forward(&self.conv3, relu(batch_norm_forward(&self.bn3, out)));
-        out + shortcut
+        add(out, shortcut)
     }
 }
 

@@ -53,9 +53,13 @@ pub trait MobileKernelOps: Backend {
         grad: FloatTensor<Self>,
         act: Activation,
     ) -> FloatTensor<Self>;
-    /// `relu(a + b)` for two tensors of one shape (a residual connection and its ReLU) in one
-    /// pass; its gradient is ReLU's, passed to both operands.
-    fn fl_add_relu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `act(a + b)` for two tensors of one shape (a residual connection and its activation:
+    /// identity or ReLU) in one pass; its gradient is the activation's, passed to both operands.
+    fn fl_add_activation(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        act: Activation,
+    ) -> FloatTensor<Self>;
 }
 
 /// The geometry of a depthwise convolution the kernels handle (groups = input channels =
@@ -96,11 +100,16 @@ pub(super) fn handles<const D: usize>(x: &Tensor<D>) -> bool {
     x.dtype() == DType::F32 && on_flex(x)
 }
 
-/// Runs [`MobileKernelOps::fl_add_relu`] through Burn's dispatch.
-pub(super) fn add_relu<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
-    Tensor::from_dispatch(<Dispatch as MobileKernelOps>::fl_add_relu(
+/// Runs [`MobileKernelOps::fl_add_activation`] through Burn's dispatch.
+pub(super) fn add_activation<const D: usize>(
+    a: Tensor<D>,
+    b: Tensor<D>,
+    act: Activation,
+) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as MobileKernelOps>::fl_add_activation(
         a.into_dispatch(),
         b.into_dispatch(),
+        act,
     ))
 }
 
@@ -171,13 +180,13 @@ impl MobileKernelOps for Flex {
         FlexTensor::from_data(TensorData::new(dx, saved.shape()))
     }
 
-    fn fl_add_relu(a: FlexTensor, b: FlexTensor) -> FlexTensor {
+    fn fl_add_activation(a: FlexTensor, b: FlexTensor, act: Activation) -> FlexTensor {
         let (mut a, b) = (contiguous(a), contiguous(b));
         if let Some(values) = values_mut(&mut a) {
-            cpu::add_relu_in_place(values, slice(&b));
+            cpu::add_activation_in_place(act, values, slice(&b));
             return a;
         }
-        let y = cpu::add_relu(slice(&a), slice(&b));
+        let y = cpu::add_activation(act, slice(&a), slice(&b));
         FlexTensor::from_data(TensorData::new(y, a.shape()))
     }
 }
@@ -250,17 +259,20 @@ impl<B: Backend + MobileKernelOps> Backward<B, 1> for ActivationBackward {
     }
 }
 
-/// `relu(a + b)`'s autodiff node: parents (a, b), state its output.
+/// `act(a + b)`'s autodiff node: parents (a, b), state its output (for ReLU) and activation.
 #[derive(Debug)]
-struct AddReluBackward;
+struct AddActivationBackward;
 
-impl<B: Backend + MobileKernelOps> Backward<B, 2> for AddReluBackward {
-    type State = FloatTensor<B>;
+impl<B: Backend + MobileKernelOps> Backward<B, 2> for AddActivationBackward {
+    type State = (Option<FloatTensor<B>>, Activation);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        // ReLU's gradient from its output, then the addition's: the same tensor to both.
-        let grad = B::fl_activation_backward(ops.state, grad, Activation::Relu);
+        let mut grad = grads.consume::<B>(&ops.node);
+        // The activation's gradient from its output, then the addition's: the same tensor to
+        // both operands.
+        if let (Some(y), act) = ops.state {
+            grad = B::fl_activation_backward(y, grad, act);
+        }
         match ops.parents {
             [Some(a), Some(b)] => {
                 grads.register::<B>(a.id, grad.clone());
@@ -346,19 +358,30 @@ impl<B: Backend + MobileKernelOps, C: CheckpointStrategy> MobileKernelOps for Au
         unimplemented!("second-order gradients of the fused activations")
     }
 
-    fn fl_add_relu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        match AddReluBackward
+    fn fl_add_activation(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        act: Activation,
+    ) -> FloatTensor<Self> {
+        assert!(
+            matches!(act, Activation::Identity | Activation::Relu),
+            "residual addition: identity or ReLU (their gradients read the output)"
+        );
+        match AddActivationBackward
             .prepare::<C>([a.node(), b.node()])
             .compute_bound()
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let y = B::fl_add_relu(a.into_primitive(), b.into_primitive());
-                prep.finish(y.clone(), y)
+                let y = B::fl_add_activation(a.into_primitive(), b.into_primitive(), act);
+                let saved = (act == Activation::Relu).then(|| y.clone());
+                prep.finish((saved, act), y)
             }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::fl_add_relu(a.into_primitive(), b.into_primitive()))
-            }
+            OpsKind::UnTracked(prep) => prep.finish(B::fl_add_activation(
+                a.into_primitive(),
+                b.into_primitive(),
+                act,
+            )),
         }
     }
 }

@@ -220,18 +220,28 @@ pub fn relu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     Activation::Relu.apply(x)
 }
 
-/// `relu(a + b)` (a residual connection and its activation), bitwise as the two ops: in one
-/// parallel pass where the kernels apply (Burn's addition runs on one thread), else Burn's ops.
+/// `a + b` (a residual connection), bitwise as Burn's addition: in one parallel pass where the
+/// kernels apply (Burn's runs on one thread), else Burn's op.
+pub fn add<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
+    add_activation(a, b, Activation::Identity)
+}
+
+/// `relu(a + b)` (a residual connection and its activation), bitwise as the two ops, in one
+/// parallel pass where the kernels apply (see [`add`]).
 pub fn add_relu<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
+    add_activation(a, b, Activation::Relu)
+}
+
+fn add_activation<const D: usize>(a: Tensor<D>, b: Tensor<D>, act: Activation) -> Tensor<D> {
     #[cfg(feature = "flex")]
     if kernel_enabled(Kernel::Activation)
         && a.dims() == b.dims()
         && flex_mobile::handles(&a)
         && flex_mobile::handles(&b)
     {
-        return flex_mobile::add_relu(a, b);
+        return flex_mobile::add_activation(a, b, act);
     }
-    relu(a + b)
+    act.apply(a + b)
 }
 
 /// 2-D max-pooling, as [`burn::tensor::module::max_pool2d`], on the fast kernel where it applies.
@@ -554,57 +564,53 @@ mod tests {
         cpu::tests::at_every_isa(check);
     }
 
-    /// The fused residual `relu(a + b)` is Burn's `relu(a + b)` bit for bit, value and both
-    /// gradients, on every instruction tier, in place or not.
+    /// The fused residual additions, `a + b` and `relu(a + b)`, are Burn's bit for bit, value
+    /// and both gradients, on every instruction tier, in place or not.
     #[test]
-    fn residual_add_relu_is_burns_bit_for_bit() {
+    fn residual_additions_are_burns_bit_for_bit() {
         let device = Device::flex().autodiff();
         let bits = |t: Tensor<4>| {
             let v = t.into_data().try_to_vec::<f32>().unwrap();
             v.into_iter().map(f32::to_bits).collect::<Vec<_>>()
         };
-        let random = |seed: u32| {
-            let mut v = cpu::tests::values(5000, seed);
-            // Sums of exactly +0 and −0, and either operand a signed zero.
-            v.extend([1.0, -0.0, -0.0, 0.0, 2.5, -3.0, 0.0]);
-            v
-        };
-        let (a_values, b_values) = (random(51), random(52));
-        let b_values: Vec<f32> = b_values
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| match i.checked_sub(5000) {
-                Some(0) => -1.0,
-                Some(1) => -0.0,
-                Some(2) => 0.0,
-                Some(3) => -0.0,
-                _ => v,
-            })
-            .collect();
+        // Random values, then sums of exactly +0 and −0 and signed-zero operands.
+        let mut a_values = cpu::tests::values(5000, 51);
+        a_values.extend([1.0, -0.0, -0.0, 0.0, 2.5, -3.0, 0.0]);
+        let mut b_values = cpu::tests::values(5000, 52);
+        b_values.extend([-1.0, -0.0, 0.0, -0.0, 0.5, 1.0, -0.0]);
         let n = a_values.len();
         let tensor =
             |v: &[f32], device: &Device| Tensor::<1>::from_floats(v, device).reshape([1, 1, 1, n]);
+        type Op = fn(Tensor<4>, Tensor<4>) -> Tensor<4>;
+        let ops: [(Op, Op); 2] = [
+            (add, |a, b| a + b),
+            (add_relu, |a, b| burn::tensor::activation::relu(a + b)),
+        ];
         cpu::tests::at_every_isa(|_| {
-            let (a, b) = (
-                tensor(&a_values, &device).require_grad(),
-                tensor(&b_values, &device).require_grad(),
-            );
-            let ours = add_relu(a.clone(), b.clone());
-            let burns = burn::tensor::activation::relu(a.clone() + b.clone());
-            assert_eq!(bits(ours.clone()), bits(burns.clone()));
-            let probe = Tensor::<4>::random([1, 1, 1, n], Distribution::Normal(0.0, 1.0), &device);
-            let g_ours = (ours.clone() * probe.clone()).sum().backward();
-            let g_burn = (burns * probe).sum().backward();
-            for x in [&a, &b] {
-                assert_eq!(
-                    bits(x.grad(&g_ours).unwrap()),
-                    bits(x.grad(&g_burn).unwrap())
+            for (i, (ours_op, burn_op)) in ops.iter().enumerate() {
+                let (a, b) = (
+                    tensor(&a_values, &device).require_grad(),
+                    tensor(&b_values, &device).require_grad(),
                 );
+                let ours = ours_op(a.clone(), b.clone());
+                let burns = burn_op(a.clone(), b.clone());
+                assert_eq!(bits(ours.clone()), bits(burns.clone()), "op {i}");
+                let probe =
+                    Tensor::<4>::random([1, 1, 1, n], Distribution::Normal(0.0, 1.0), &device);
+                let g_ours = (ours.clone() * probe.clone()).sum().backward();
+                let g_burn = (burns * probe).sum().backward();
+                for x in [&a, &b] {
+                    assert_eq!(
+                        bits(x.grad(&g_ours).unwrap()),
+                        bits(x.grad(&g_burn).unwrap()),
+                        "op {i}: gradient"
+                    );
+                }
+                // Operands nothing else holds: the sum overwrites the first, the same values.
+                let plain = Device::flex();
+                let in_place = ours_op(tensor(&a_values, &plain), tensor(&b_values, &plain));
+                assert_eq!(bits(in_place), bits(ours), "op {i}: in place");
             }
-            // Operands nothing else holds: the sum overwrites the first, the same values.
-            let plain = Device::flex();
-            let in_place = add_relu(tensor(&a_values, &plain), tensor(&b_values, &plain));
-            assert_eq!(bits(in_place), bits(ours));
         });
     }
 

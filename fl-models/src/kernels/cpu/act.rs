@@ -96,28 +96,29 @@ fn backward_in_place_generic(act: Activation, x: &[f32], g: &mut [f32]) {
     }
 }
 
-/// `relu(a + b)` into `a`: the sum rounded to `f32`, then ReLU, as the two ops compute it.
+/// `act(a + b)` into `a`: the sum rounded to `f32`, then the activation, as the two ops
+/// compute it.
 #[inline(always)]
-fn add_relu_in_place_generic(a: &mut [f32], b: &[f32]) {
+fn add_in_place_generic(act: Activation, a: &mut [f32], b: &[f32]) {
     for (a, b) in a.iter_mut().zip(b) {
-        *a = forward_one(Activation::Relu, *a + *b);
+        *a = forward_one(act, *a + *b);
     }
 }
 
-/// `relu(a + b)` into `y`.
+/// `act(a + b)` into `y`.
 #[inline(always)]
-fn add_relu_generic(a: &[f32], b: &[f32], y: &mut [f32]) {
+fn add_generic(act: Activation, a: &[f32], b: &[f32], y: &mut [f32]) {
     for ((y, a), b) in y.iter_mut().zip(a).zip(b) {
-        *y = forward_one(Activation::Relu, *a + *b);
+        *y = forward_one(act, *a + *b);
     }
 }
 
 best_isa! {
-    fn add_relu_in_place_chunk => add_relu_in_place_generic(a: &mut [f32], b: &[f32])
+    fn add_in_place_chunk => add_in_place_generic(act: Activation, a: &mut [f32], b: &[f32])
 }
 
 best_isa! {
-    fn add_relu_chunk => add_relu_generic(a: &[f32], b: &[f32], y: &mut [f32])
+    fn add_chunk => add_generic(act: Activation, a: &[f32], b: &[f32], y: &mut [f32])
 }
 
 best_isa! {
@@ -170,22 +171,22 @@ pub fn activation_backward_in_place(act: Activation, x: &[f32], g: &mut [f32]) {
         .for_each(|(g, x)| backward_in_place_chunk(act, x, g));
 }
 
-/// `relu(a + b)` elementwise (a residual connection and its activation), overwriting `a` (a
+/// `act(a + b)` elementwise (a residual connection and its activation), overwriting `a` (a
 /// tensor nothing else holds): one parallel pass for what was an addition on one thread, then
-/// ReLU.
-pub fn add_relu_in_place(a: &mut [f32], b: &[f32]) {
-    assert_eq!(a.len(), b.len(), "add + ReLU: operand lengths");
+/// the activation.
+pub fn add_activation_in_place(act: Activation, a: &mut [f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "residual addition: operand lengths");
     a.par_chunks_mut(CHUNK)
         .zip(b.par_chunks(CHUNK))
-        .for_each(|(a, b)| add_relu_in_place_chunk(a, b));
+        .for_each(|(a, b)| add_in_place_chunk(act, a, b));
 }
 
-/// [`add_relu_in_place`] into a new buffer.
-pub fn add_relu(a: &[f32], b: &[f32]) -> Vec<f32> {
-    assert_eq!(a.len(), b.len(), "add + ReLU: operand lengths");
+/// [`add_activation_in_place`] into a new buffer.
+pub fn add_activation(act: Activation, a: &[f32], b: &[f32]) -> Vec<f32> {
+    assert_eq!(a.len(), b.len(), "residual addition: operand lengths");
     let mut y = super::par_zeroed(a.len());
     y.par_chunks_mut(CHUNK)
         .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
-        .for_each(|(y, (a, b))| add_relu_chunk(a, b, y));
+        .for_each(|(y, (a, b))| add_chunk(act, a, b, y));
     y
 }

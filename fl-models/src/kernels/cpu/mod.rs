@@ -55,7 +55,7 @@ pub(crate) mod tests;
 
 pub use act::{
     activation_backward, activation_backward_in_place, activation_forward,
-    activation_forward_in_place, add_relu, add_relu_in_place,
+    activation_forward_in_place, add_activation, add_activation_in_place,
 };
 use columns::{col2im_add, col2im_add_strided, im2col, im2col_strided};
 pub use depthwise::{depthwise_forward, depthwise_input_grad, depthwise_weight_grad};
