@@ -67,13 +67,13 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
         .par_chunks_mut(g.batch * pixels * ROW_TILE)
         .enumerate()
         .for_each(|(tile, dst)| {
-            let rows = &sources[tile * ROW_TILE..rows.min((tile + 1) * ROW_TILE)];
+            let sources = &sources[tile * ROW_TILE..rows.min((tile + 1) * ROW_TILE)];
             for (x_n, dst) in x
                 .chunks_exact(g.input_len())
                 .zip(dst.chunks_exact_mut(pixels * ROW_TILE))
             {
                 for (p, dst) in dst.chunks_exact_mut(ROW_TILE).enumerate() {
-                    for (v, &(ci, tap)) in dst.iter_mut().zip(rows) {
+                    for (v, &(ci, tap)) in dst.iter_mut().zip(sources) {
                         if let Some(at) = layout.offsets[tap][p] {
                             *v = x_n[ci * plane + at];
                         }
