@@ -1,6 +1,6 @@
 //! The MobileNets' kernels as a second Burn backend extension: depthwise convolutions and the
-//! fused ReLU6 / hard-swish activations (and ResNet-20's residual addition with its ReLU), with
-//! their own backward passes for autodiff.
+//! fused ReLU6 / hard-swish activations (and both ResNet-20s' residual additions, with or
+//! without their ReLU), with their own backward passes for autodiff.
 
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;

@@ -51,7 +51,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     let [oh, ow] = g.output;
     let wp = ow + g.kernel[1] - 1;
     // Each lane's real output pixels, in ascending wide position; the lanes in the order the
-    // tree adds them (see `avx512::fold_lane`): lane `l` at position `bit_reverse(l)`.
+    // tree adds them (see `avx512::LaneTree`): lane `l` at position `bit_reverse(l)`.
     let mut classes: Vec<Vec<[usize; 2]>> = vec![Vec::new(); LANES];
     for oy in 0..oh {
         for ox in 0..ow {
@@ -205,7 +205,7 @@ pub(super) mod avx512 {
     /// once both of its halves are known, the earlier one as the first operand, exactly the
     /// tree's additions. At most one partial tile per level waits in memory, where the whole
     /// tree kept (and zeroed) sixteen.
-    pub(in crate::kernels::cpu) struct LaneTree<const V: usize, const T: usize> {
+    struct LaneTree<const V: usize, const T: usize> {
         /// `partials[level]`: the sum of the last `2^level` lanes, waiting for its pair;
         /// `partials[4]`: the total.
         partials: [MaybeUninit<Tile<V, T>>; 5],
@@ -215,7 +215,7 @@ pub(super) mod avx512 {
 
     impl<const V: usize, const T: usize> LaneTree<V, T> {
         /// No lanes yet.
-        pub(in crate::kernels::cpu) fn new() -> Self {
+        fn new() -> Self {
             Self {
                 partials: [const { MaybeUninit::uninit() }; 5],
                 position: 0,
@@ -224,7 +224,7 @@ pub(super) mod avx512 {
 
         /// Adds the next lane's chains.
         #[target_feature(enable = "avx512f")]
-        pub(in crate::kernels::cpu) fn push(&mut self, mut sum: Tile<V, T>) {
+        fn push(&mut self, mut sum: Tile<V, T>) {
             assert!(self.position < LANES, "lane tree: more than 16 lanes");
             let mut level = 0;
             while self.position >> level & 1 == 1 {
@@ -244,7 +244,7 @@ pub(super) mod avx512 {
         }
 
         /// The tree's total, after sixteen lanes.
-        pub(in crate::kernels::cpu) fn total(&self) -> &Tile<V, T> {
+        fn total(&self) -> &Tile<V, T> {
             assert_eq!(self.position, LANES, "lane tree: lanes missing");
             // SAFETY: the sixteenth lane (position 15, four trailing ones) wrote level 4.
             unsafe { self.partials[4].assume_init_ref() }
@@ -402,14 +402,14 @@ pub(super) mod avx512 {
                 for n in 0..count {
                     let plane = x.as_ptr().add((n * g.c_in + ci) * h * w);
                     for &[oy, ox] in class {
+                        // The stream holds every pixel, also those this kernel row skips.
                         let pixel = d;
                         d = d.add(CHANNEL_TILE);
                         let Some(iy) = (oy + ky).checked_sub(ph).filter(|&iy| iy < h) else {
                             continue;
                         };
-                        let d = pixel;
                         let dv: [__m512; VECTORS] =
-                            std::array::from_fn(|v| _mm512_loadu_ps(d.add(v * 16)));
+                            std::array::from_fn(|v| _mm512_loadu_ps(pixel.add(v * 16)));
                         for kx in 0..KW {
                             let Some(ix) = (ox + kx).checked_sub(pw).filter(|&ix| ix < w) else {
                                 continue;
