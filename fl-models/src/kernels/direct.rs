@@ -20,15 +20,16 @@
 //! it cost more than the multiply-adds. Used on x86-64 CPUs with AVX-512F for maps where the
 //! wide layout wastes little (see [`applies`]); elsewhere the im2col path in `cpu.rs` runs.
 //! Where each output row's own vectors are fewer than the wide length's (16×16 and 32×32 maps,
-//! 14×14 ones under 5×5 kernels), the forward pass and input gradient compute those instead
-//! (`direct/rows.rs`), with the same sums. Sums run in a fixed order, so results do not depend
-//! on the thread count.
+//! 14×14 ones under 5×5 kernels), the forward pass computes those instead, and the input
+//! gradient gathers each input pixel's taps in registers (`direct/rows.rs`), with the same
+//! sums. Sums run in a fixed order, so results do not depend on the thread count.
 
 use super::cpu::Conv2dGeometry;
 use rayon::prelude::*;
 
+mod gather;
 mod rows;
-use rows::{forward_rows, scatter_rows};
+use rows::forward_rows;
 
 /// Floats per AVX-512 vector: the wide rows are padded to a multiple of it.
 const LANES: usize = 16;
@@ -79,6 +80,8 @@ pub(super) struct Wide {
     /// Whether the forward pass and input gradient compute each output row's own vectors
     /// ([`RowVectors`](rows::RowVectors)) instead of the wide length.
     by_rows: bool,
+    /// Whether the input gradient is gathered (`gather.rs`) instead of scattered.
+    gathers: bool,
     /// How far past a tap's offset any kernel reads or writes: `len`, or the end of the last
     /// row's last vector if that is further.
     reach: usize,
@@ -112,6 +115,9 @@ impl Wide {
             len
         };
         let input_len = offsets.last().copied().unwrap_or(0) + reach;
+        // The scatter's lanes: the wide length, input channels in its tiles.
+        let scatter_channels = g.c_in.next_multiple_of(channel_tile(g.c_in));
+        let gathers = gather::worth_it(g, len, scatter_channels);
         let channel_tile = channel_tile(g.c_out);
         Wide {
             c_in: g.c_in,
@@ -123,6 +129,7 @@ impl Wide {
             output: g.output,
             len,
             by_rows,
+            gathers,
             reach,
             offsets,
             input_len,
@@ -202,6 +209,23 @@ fn pack_weights(weight: &[f32], c_out: usize, taps: usize, tile: usize) -> Vec<f
     packed
 }
 
+/// Weights `[c_out, c_in, kh·kw]` tiled over input channels for the input gradient:
+/// `[c_in_padded / tile][kh·kw][c_out][tile]` (zeros for the padding channels), so a tap's
+/// broadcasts read consecutive floats.
+fn pack_input_tiles(g: &Conv2dGeometry, weight: &[f32], tile: usize) -> Vec<f32> {
+    let taps = g.kernel[0] * g.kernel[1];
+    let mut packed = vec![0.0f32; g.c_in.next_multiple_of(tile) * taps * g.c_out];
+    for co in 0..g.c_out {
+        for ci in 0..g.c_in {
+            for k in 0..taps {
+                packed[(((ci / tile) * taps + k) * g.c_out + co) * tile + ci % tile] =
+                    weight[(co * g.c_in + ci) * taps + k];
+            }
+        }
+    }
+    packed
+}
+
 /// Forward convolution (stride 1), the same contract as `cpu::conv2d_forward`.
 pub(super) fn conv2d_forward(
     g: &Conv2dGeometry,
@@ -258,21 +282,16 @@ pub(super) fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) 
     input_grad_in(&Wide::new(g), g, weight, dy)
 }
 
-/// [`conv2d_input_grad`] in the layout `wide` (by rows or not).
+/// [`conv2d_input_grad`] in the layout `wide`: gathered where that computes about as many lanes
+/// (see `gather.rs`), else scattered over the wide length.
 fn input_grad_in(wide: &Wide, g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    // Tiles over input channels now: W as [c_in_padded / tile][kh·kw][c_out][tile].
+    if wide.gathers {
+        return gather::input_grad(g, weight, dy);
+    }
     let tile = channel_tile(g.c_in);
     let c_in_padded = g.c_in.next_multiple_of(tile);
     let taps = g.kernel[0] * g.kernel[1];
-    let mut packed = vec![0.0f32; c_in_padded * taps * g.c_out];
-    for co in 0..g.c_out {
-        for ci in 0..g.c_in {
-            for k in 0..taps {
-                packed[(((ci / tile) * taps + k) * g.c_out + co) * tile + ci % tile] =
-                    weight[(co * g.c_in + ci) * taps + k];
-            }
-        }
-    }
+    let packed = pack_input_tiles(g, weight, tile);
     let plane = wide.padded[0] * wide.padded[1];
     // Padded input gradient: every channel tile's writes stay inside (the last tap's offset
     // plus the reach of the pixel vectors).
@@ -285,27 +304,16 @@ fn input_grad_in(wide: &Wide, g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) ->
         h.min(wide.padded[0].saturating_sub(ph)),
         w.min(wp.saturating_sub(pw)),
     );
-    let by_rows = wide.by_rows.then(|| wide.row_vectors());
-    // The wide layout's output gradient buffer (reading by rows takes `dy` as it is).
-    let wide_dy_len = if by_rows.is_some() {
-        0
-    } else {
-        g.c_out * wide.len
-    };
     let mut dx = super::cpu::par_zeroed(g.batch * g.input_len());
     dx.par_chunks_mut(g.input_len())
         .zip(dy.par_chunks(g.output_len()))
         .for_each_init(
-            || (vec![0.0f32; wide_dy_len], vec![0.0f32; padded_len]),
+            || (vec![0.0f32; g.c_out * wide.len], vec![0.0f32; padded_len]),
             |(wide_dy, dx_padded), (dx_n, dy_n)| {
                 dx_padded.fill(0.0);
                 let layout = (wide, g.c_out, tile, c_in_padded);
-                if let Some(vectors) = &by_rows {
-                    scatter_rows(layout, dy_n, vectors, &packed, dx_padded);
-                } else {
-                    wide.widen(dy_n, g.c_out, wide_dy);
-                    scatter_wide(layout, wide_dy, &packed, dx_padded);
-                }
+                wide.widen(dy_n, g.c_out, wide_dy);
+                scatter_wide(layout, wide_dy, &packed, dx_padded);
                 for ci in 0..g.c_in {
                     for iy in 0..rows {
                         dx_n[(ci * h + iy) * w..][..cols].copy_from_slice(
@@ -336,12 +344,19 @@ pub(super) fn runs_by_rows(g: &Conv2dGeometry) -> bool {
     Wide::new(g).by_rows
 }
 
+/// Whether `g`'s input gradient is gathered (`gather.rs`).
+#[cfg(test)]
+pub(super) fn gathers(g: &Conv2dGeometry) -> bool {
+    Wide::new(g).gathers
+}
+
 /// `g`'s layout computing the whole wide length even where it would run by rows: the reference
 /// the tests compare the row vectors with.
 #[cfg(test)]
 fn wide_only(g: &Conv2dGeometry) -> Wide {
     let mut wide = Wide::new(g);
     wide.by_rows = false;
+    wide.gathers = false;
     wide.reach = wide.len;
     wide.input_len = wide.offsets.last().copied().unwrap_or(0) + wide.len;
     wide

@@ -481,13 +481,48 @@ fn direct_kernels_by_rows_keep_the_wide_bits() {
             let y_ref = direct::wide_forward(g, &x, &w, bias);
             assert_same_bits(&y, &y_ref, format!("{g:?}: forward"));
         }
-        let dx = direct::conv2d_input_grad(g, &w, &dy);
-        let dx_ref = direct::wide_input_grad(g, &w, &dy);
-        assert_same_bits(&dx, &dx_ref, format!("{g:?}: input gradient"));
+        // The gathered input gradient adds a chain of zero products for every tap that reads
+        // the border: also with gradients all negative (their products −0 or +0 by weight).
+        let dy_neg: Vec<f32> = dy.iter().map(|v| -v.abs() - 0.5).collect();
+        for dy in [&dy, &dy_neg] {
+            let dx = direct::conv2d_input_grad(g, &w, dy);
+            let dx_ref = direct::wide_input_grad(g, &w, dy);
+            assert_same_bits(&dx, &dx_ref, format!("{g:?}: input gradient"));
+        }
         close(
             &direct::conv2d_forward(g, &x, &w, Some(&b)),
             &naive_conv(g, &x, &w, &b),
         );
+    }
+}
+
+#[test]
+fn gathered_input_gradients_keep_the_scatter_bits() {
+    // Wide layouts the input gradient gathers (28×28 and 14×14 maps under "same" 3×3 kernels, a
+    // partial channel tile, asymmetric padding), and one it scatters (an unpadded 5×5 layer:
+    // every input pixel would gather 25 taps for a 10×10 map).
+    let gathered = [
+        geometry([2, 13, 28, 28], [8, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([3, 16, 14, 14], [24, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([2, 8, 11, 30], [9, 3, 3], [1, 1], [(2, 0), (0, 2)]),
+    ];
+    let scattered = geometry([2, 6, 14, 14], [16, 5, 5], [1, 1], [(0, 0), (0, 0)]);
+    use crate::kernels::direct;
+    let _guard = crate::kernels::isa::test_lock();
+    if Isa::active() < Isa::Avx512 {
+        return;
+    }
+    let shapes = gathered.iter().map(|g| (g, true));
+    for (g, gathers) in shapes.chain([(&scattered, false)]) {
+        assert_eq!(direct::gathers(g), gathers, "{g:?}: gathers");
+        let w = values(g.weight_len(), 71);
+        let dy = values(g.batch * g.output_len(), 72);
+        let dy_neg: Vec<f32> = dy.iter().map(|v| -v.abs() - 0.5).collect();
+        for dy in [&dy, &dy_neg] {
+            let dx = direct::conv2d_input_grad(g, &w, dy);
+            let dx_ref = direct::wide_input_grad(g, &w, dy);
+            assert_same_bits(&dx, &dx_ref, format!("{g:?}: input gradient"));
+        }
     }
 }
 

@@ -1,15 +1,14 @@
-//! The direct kernels' forward pass and input gradient by output rows: each row's own pixel
-//! vectors instead of the wide length, for maps where that computes fewer (see [`RowVectors`]).
+//! The direct kernels' forward pass by output rows: each row's own pixel vectors instead of the
+//! wide length, for maps where that computes fewer (see [`RowVectors`]).
 
-use super::{ForwardArgs, LANES, ScatterLayout, Wide, check_scatter};
+use super::{ForwardArgs, LANES, Wide};
 use crate::kernels::cpu::first_lanes;
 
 /// The pixel vectors of each output row, for maps where they are fewer than the wide layout's
 /// (rows 16 or 32 wide, or short rows under wide kernels: on 16×16 maps the wide layout computes
 /// 20 vectors per channel under 5×5 kernels, 18 under 3×3, for 16 of outputs). A row's last
 /// vector may be partial. Every output is the same sum in the same order as in the wide layout,
-/// and the input gradient only leaves out the thrown-away columns' products with zeros, so
-/// results are the wide layout's bit for bit (a test compares them).
+/// so results are the wide layout's bit for bit (a test compares them).
 pub(super) struct RowVectors {
     /// Each vector's first pixel in the wide layout, where its taps read the padded input.
     starts: Vec<usize>,
@@ -57,35 +56,6 @@ pub(super) fn forward_rows(args: ForwardArgs, rows: &RowVectors, c_out: usize, o
                 8 => avx512::forward_rows::<8, 3>(args, rows, c_out, out),
                 6 => avx512::forward_rows::<6, 4>(args, rows, c_out, out),
                 _ => avx512::forward_rows::<4, 4>(args, rows, c_out, out),
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("direct convolution is only used on x86-64");
-}
-
-/// [`scatter_wide`](super::scatter_wide) for the outputs only, by [`RowVectors`], reading one
-/// sample's output gradient `dy` `[c_out, oh, ow]` as it is: the thrown-away columns' products
-/// (zeros, which change no sum) are left out.
-pub(super) fn scatter_rows(
-    layout: ScatterLayout,
-    dy: &[f32],
-    rows: &RowVectors,
-    packed: &[f32],
-    dx: &mut [f32],
-) {
-    let (wide, c_out, tile, c_in_padded) = layout;
-    check_scatter(layout, packed, dx);
-    assert!(dy.len() >= c_out * wide.output[0] * wide.output[1]);
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: as in `scatter_wide`; the output-gradient loads are masked to each row.
-        unsafe {
-            let args = (wide, c_out, c_in_padded, dy, packed);
-            match tile {
-                8 => avx512::scatter_rows::<8, 3>(args, rows, dx),
-                6 => avx512::scatter_rows::<6, 4>(args, rows, dx),
-                _ => avx512::scatter_rows::<4, 4>(args, rows, dx),
             }
         }
     }
@@ -166,84 +136,6 @@ mod avx512 {
                             let (at, mask) = (rows.dest[i + v], rows.masks[i + v]);
                             _mm512_mask_storeu_ps(dst.add(at), mask, *value);
                         }
-                    }
-                }
-            }
-        }
-    }
-
-    /// The wide kernels' input-gradient sums (`avx512::scatter` in `direct.rs`) by [`RowVectors`]
-    /// over every input-channel block and tap: tiles of `P` row vectors (then single vectors), the
-    /// output gradient read masked to each row, the sums added masked onto the padded input
-    /// gradient. Each element of `dx` receives its taps' sums in tap order, as in the wide layout.
-    ///
-    /// # Safety
-    /// The CPU supports AVX-512F; `rows` is `wide`'s; `dy` holds `c_out · oh · ow` floats,
-    /// `packed` `c_in_padded · taps · c_out`, and `dx` reaches the last channel's last tap
-    /// offset plus `wide.reach`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn scatter_rows<const C: usize, const P: usize>(
-        args: (&Wide, usize, usize, &[f32], &[f32]),
-        rows: &RowVectors,
-        dx: &mut [f32],
-    ) {
-        let (wide, _, c_in_padded, _, _) = args;
-        let count = rows.starts.len();
-        let main = count - count % P;
-        for block in 0..c_in_padded / C {
-            for k in 0..wide.offsets.len() / wide.c_in {
-                // SAFETY: the caller upholds this function's contract.
-                unsafe {
-                    scatter_row_tiles::<C, P>(args, rows, (block, k), 0..main, dx);
-                    scatter_row_tiles::<C, 1>(args, rows, (block, k), main..count, dx);
-                }
-            }
-        }
-    }
-
-    /// [`scatter_rows`] for one block of `C` input channels, one tap and the row vectors
-    /// `vectors` (a multiple of `P` of them).
-    ///
-    /// # Safety
-    /// As [`scatter_rows`]'s.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn scatter_row_tiles<const C: usize, const P: usize>(
-        (wide, c_out, _, dy, packed): (&Wide, usize, usize, &[f32], &[f32]),
-        rows: &RowVectors,
-        (block, k): (usize, usize),
-        vectors: std::ops::Range<usize>,
-        dx: &mut [f32],
-    ) {
-        // SAFETY: the caller upholds this function's contract.
-        unsafe {
-            let taps = wide.offsets.len() / wide.c_in;
-            let plane = wide.padded[0] * wide.padded[1];
-            let out_plane = wide.output[0] * wide.output[1];
-            let offset = wide.offsets[k];
-            let (d, out) = (dy.as_ptr(), dx.as_mut_ptr());
-            let w = packed.as_ptr().add((block * taps + k) * c_out * C);
-            for i in vectors.step_by(P) {
-                let dest: [usize; P] = std::array::from_fn(|v| rows.dest[i + v]);
-                let masks: [__mmask16; P] = std::array::from_fn(|v| rows.masks[i + v]);
-                let mut acc = [[_mm512_setzero_ps(); P]; C];
-                for co in 0..c_out {
-                    let src = d.add(co * out_plane);
-                    let dv: [__m512; P] =
-                        std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], src.add(dest[v])));
-                    let wc = w.add(co * C);
-                    for (c, a) in acc.iter_mut().enumerate() {
-                        let weight = _mm512_set1_ps(*wc.add(c));
-                        for v in 0..P {
-                            a[v] = _mm512_fmadd_ps(weight, dv[v], a[v]);
-                        }
-                    }
-                }
-                for (c, a) in acc.iter().enumerate() {
-                    let dst = out.add((block * C + c) * plane + offset);
-                    for (v, sum) in a.iter().enumerate() {
-                        let at = dst.add(rows.starts[i + v]);
-                        let total = _mm512_add_ps(_mm512_loadu_ps(at), *sum);
-                        _mm512_mask_storeu_ps(at, masks[v], total);
                     }
                 }
             }

@@ -1,0 +1,200 @@
+//! The direct kernels' input gradient gathered: each input pixel vector sums its taps in
+//! registers, reading a zero-bordered copy of the output gradient, and is stored once.
+//!
+//! The wide kernels (`scatter_wide` in `direct.rs`) add each tap's sum over `co` (a chain from
+//! +0 in channel order) onto a zeroed padded input gradient, tap after tap, and leave out the
+//! taps whose output is not in the map. Here every element receives the same chains in the same
+//! order; the taps that read the zero border add a chain of zero products, +0 with finite
+//! weights, and adding +0 to a total that started at +0 (so is never −0) changes no bit. No
+//! padded input gradient, no read-modify-write of it per tap (a sixth of the scatter kernel's
+//! time on ResNet-20), and no copy out of it; but every input pixel computes every tap, so
+//! [`worth_it`] keeps the scatter where the border is wide (unpadded 5×5 layers).
+
+use super::{LANES, pack_input_tiles};
+use crate::kernels::cpu::{Conv2dGeometry, first_lanes};
+use rayon::prelude::*;
+
+/// Input channels per register tile of [`input_grad`]: eight channels × one pixel vector,
+/// two accumulators each (the running total and the tap's sum). Measured against 4 × 3, 6 × 2,
+/// 4 × 2 and 2 × 6 on ResNet-20's, VGG-16's and CNN3's layers: as fast or faster everywhere
+/// (a tap's output-gradient reads stay one vector per channel).
+const INPUT_TILE: usize = 8;
+
+/// Whether gathering computes at most a tenth more vector lanes than the scatter would:
+/// `scatter_lanes` (its pixel vectors' lanes per channel) times its input channels padded to its
+/// tile, `scatter_channels`. On 32×32, 16×16 and 14×14 maps under "same" padding both compute
+/// the same lanes, on 28×28 ones the gather 6% more (and runs faster); an unpadded 5×5 layer
+/// on 14×14 would gather twice the lanes (measured: 40% slower).
+pub(super) fn worth_it(g: &Conv2dGeometry, scatter_lanes: usize, scatter_channels: usize) -> bool {
+    let [h, w] = g.input;
+    let lanes = h * w.next_multiple_of(LANES) * g.c_in.next_multiple_of(INPUT_TILE);
+    10 * lanes <= 11 * scatter_lanes * scatter_channels
+}
+
+/// `Σ_co W[co, ci, ky, kx] · dy[co, pixel − (ky, kx)]` tap by tap for every input pixel, the
+/// same contract and bits as the wide kernels' input gradient (see the module doc).
+pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    let packed = pack_input_tiles(g, weight, INPUT_TILE);
+    let border = Border::new(g);
+    let vectors = border.input_vectors(g);
+    let mut dx = crate::kernels::cpu::par_zeroed(g.batch * g.input_len());
+    dx.par_chunks_mut(g.input_len())
+        .zip(dy.par_chunks(g.output_len()))
+        .for_each_init(
+            || vec![0.0f32; border.len(g.c_out)],
+            |bordered, (dx_n, dy_n)| {
+                border.copy(g, dy_n, bordered);
+                let args = (g, &border, &bordered[..], &packed[..]);
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `direct::applies` checked AVX-512F; the kernel asserts the buffers'
+                // lengths.
+                unsafe {
+                    avx512::gather::<INPUT_TILE>(args, &vectors, dx_n)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!("direct convolution is only used on x86-64");
+            },
+        );
+    dx
+}
+
+/// An output gradient with a zero border: `kh − 1` rows above and below each `[oh, ow]` plane
+/// and `kw − 1` columns on each side, so that every tap of every input pixel (and of the lanes
+/// past a row's end, which are never stored) reads inside the buffer, zeros where it has no
+/// output.
+struct Border {
+    /// Floats per bordered row.
+    stride: usize,
+    /// Floats per bordered plane.
+    plane: usize,
+    /// Where output `(0, 0)` sits in a plane.
+    origin: usize,
+}
+
+impl Border {
+    fn new(g: &Conv2dGeometry) -> Self {
+        let ([oh, ow], [kh, kw]) = (g.output, g.kernel);
+        let stride = ow + 2 * (kw - 1);
+        // An odd number of cache lines per plane: a tap reads the same spot of every plane,
+        // and planes a power of two apart (4 KiB on 28×28 maps) would share one L1 set.
+        let lines = ((oh + 2 * (kh - 1)) * stride).div_ceil(LANES) | 1;
+        Border {
+            stride,
+            plane: lines * LANES,
+            origin: (kh - 1) * stride + kw - 1,
+        }
+    }
+
+    /// Buffer length for `c_out` planes, with a vector's slack after the last.
+    fn len(&self, c_out: usize) -> usize {
+        c_out * self.plane + LANES
+    }
+
+    /// Copies one sample's output gradient `[c_out, oh, ow]` in. Writes only the values: the
+    /// border must already be zero, as in a buffer zeroed once and written only by this.
+    fn copy(&self, g: &Conv2dGeometry, dy_n: &[f32], buf: &mut [f32]) {
+        let [oh, ow] = g.output;
+        for (co, src) in dy_n.chunks_exact(oh * ow).enumerate() {
+            for (oy, row) in src.chunks_exact(ow).enumerate() {
+                buf[co * self.plane + self.origin + oy * self.stride..][..ow].copy_from_slice(row);
+            }
+        }
+    }
+
+    /// The input's pixel vectors (each row's, the last one of a row partial): where each one's
+    /// tap `(0, 0)` reads (pixel `(iy, ix)` reads output `(iy + ph − ky, ix + pw − kx)` at tap
+    /// `(ky, kx)`), where it is stored in a `[h, w]` plane, and its lanes in the row.
+    fn input_vectors(&self, g: &Conv2dGeometry) -> InputVectors {
+        let ([h, w], [ph, pw]) = (g.input, g.pad_begin);
+        let mut v = InputVectors {
+            reads: Vec::new(),
+            dest: Vec::new(),
+            masks: Vec::new(),
+        };
+        for iy in 0..h {
+            for x0 in (0..w).step_by(LANES) {
+                v.reads
+                    .push(self.origin + (iy + ph) * self.stride + x0 + pw);
+                v.dest.push(iy * w + x0);
+                v.masks.push(first_lanes(w - x0));
+            }
+        }
+        v
+    }
+}
+
+/// The input gradient's pixel vectors (see [`Border::input_vectors`]).
+struct InputVectors {
+    /// Where each vector's tap `(0, 0)` reads in a bordered plane; tap `(ky, kx)` reads
+    /// `ky·stride + kx` floats before.
+    reads: Vec<usize>,
+    /// Its first pixel in a channel's `[h, w]` plane.
+    dest: Vec<usize>,
+    /// Its lanes that are pixels.
+    masks: Vec<u16>,
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Border, Conv2dGeometry, InputVectors, LANES};
+    use std::arch::x86_64::*;
+
+    /// [`input_grad`](super::input_grad) for one sample, every input-channel tile of
+    /// `C` and pixel vector: per tap a chain over the output channels from +0, added onto a
+    /// running total from +0, then stored masked to the vector's pixels into `dx` `[c_in, h, w]`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `packed` is the weights as `input_grad` packs them for
+    /// tiles of `C`, `bordered` one sample's output gradient as `border` lays it out, and
+    /// `vectors` `border`'s input vectors of `g`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn gather<const C: usize>(
+        (g, border, bordered, packed): (&Conv2dGeometry, &Border, &[f32], &[f32]),
+        vectors: &InputVectors,
+        dx: &mut [f32],
+    ) {
+        let ([h, w], [kh, kw], c_out) = (g.input, g.kernel, g.c_out);
+        let taps = kh * kw;
+        let c_in_padded = g.c_in.next_multiple_of(C);
+        assert!(packed.len() >= c_in_padded * taps * c_out && dx.len() >= g.c_in * h * w);
+        let furthest = vectors.reads.iter().max().copied().unwrap_or(0);
+        assert!(bordered.len() >= (c_out - 1) * border.plane + furthest + LANES);
+        let nearest = vectors.reads.iter().min().copied().unwrap_or(usize::MAX);
+        assert!(nearest >= (kh - 1) * border.stride + kw - 1);
+        let lanes = |mask: u16| LANES - mask.leading_zeros() as usize;
+        let stores = vectors.dest.iter().zip(&vectors.masks);
+        assert!(stores.clone().all(|(&d, &m)| d + lanes(m) <= h * w));
+        // SAFETY: the asserts bound every access: tap `(ky, kx)` of a vector reads 16 floats
+        // from `co·plane + reads − ky·stride − kx >= co·plane`, up to the furthest read plus a
+        // vector, within `bordered`; the stores are masked to the vector's pixels, within
+        // `h·w`, in channels `< c_in`.
+        unsafe {
+            let (d, out) = (bordered.as_ptr(), dx.as_mut_ptr());
+            for block in 0..c_in_padded / C {
+                let live = (g.c_in - block * C).min(C);
+                for (i, &read) in vectors.reads.iter().enumerate() {
+                    let mut total = [_mm512_setzero_ps(); C];
+                    for k in 0..taps {
+                        let src = d.add(read - (k / kw * border.stride + k % kw));
+                        let wk = packed.as_ptr().add((block * taps + k) * c_out * C);
+                        let mut acc = [_mm512_setzero_ps(); C];
+                        for co in 0..c_out {
+                            let dv = _mm512_loadu_ps(src.add(co * border.plane));
+                            let wc = wk.add(co * C);
+                            for (c, a) in acc.iter_mut().enumerate() {
+                                *a = _mm512_fmadd_ps(_mm512_set1_ps(*wc.add(c)), dv, *a);
+                            }
+                        }
+                        for (t, a) in total.iter_mut().zip(&acc) {
+                            *t = _mm512_add_ps(*t, *a);
+                        }
+                    }
+                    let (at, mask) = (vectors.dest[i], vectors.masks[i]);
+                    for (c, sum) in total.iter().enumerate().take(live) {
+                        _mm512_mask_storeu_ps(out.add((block * C + c) * h * w + at), mask, *sum);
+                    }
+                }
+            }
+        }
+    }
+}
