@@ -154,3 +154,58 @@ fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32], stride: u
         }
     }
 }
+
+/// `src` `[rows][cols]` transposed into `dst` `[cols][rows]`: gemm's operands with the depth
+/// (`rows`) outermost, where it would otherwise pack them one float at a time.
+pub(super) fn transpose([rows, cols]: [usize; 2], src: &[f32], dst: &mut [f32]) {
+    assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx512) {
+        // SAFETY: the CPU supports AVX-512F; the lengths are checked above.
+        unsafe { avx512::transpose([rows, cols], src, dst) };
+        return;
+    }
+    for (r, row) in src.chunks_exact(cols).take(rows).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            dst[c * rows + r] = v;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::super::first_lanes;
+    use super::super::lanes::avx512::transpose as transpose_16;
+    use std::arch::x86_64::*;
+
+    /// [`super::transpose`] by 16 × 16 blocks in registers, masked at the edges.
+    ///
+    /// # Safety
+    /// AVX-512F; `src` and `dst` hold `rows · cols` floats.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn transpose([rows, cols]: [usize; 2], src: &[f32], dst: &mut [f32]) {
+        assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
+        for r0 in (0..rows).step_by(16) {
+            let height = (rows - r0).min(16);
+            for c0 in (0..cols).step_by(16) {
+                let width = (cols - c0).min(16);
+                let mut block = [_mm512_setzero_ps(); 16];
+                for (i, v) in block.iter_mut().enumerate().take(height) {
+                    // SAFETY: the masked floats `(r0 + i)·cols + c0 .. + width` lie in `src`.
+                    *v = unsafe {
+                        _mm512_maskz_loadu_ps(
+                            first_lanes(width),
+                            src[(r0 + i) * cols + c0..].as_ptr(),
+                        )
+                    };
+                }
+                transpose_16(&mut block);
+                for (j, v) in block.iter().enumerate().take(width) {
+                    let to = &mut dst[(c0 + j) * rows + r0..][..height];
+                    // SAFETY: the masked floats are `to`'s `height`.
+                    unsafe { _mm512_mask_storeu_ps(to.as_mut_ptr(), first_lanes(height), *v) };
+                }
+            }
+        }
+    }
+}

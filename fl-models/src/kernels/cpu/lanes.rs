@@ -261,7 +261,7 @@ fn valid_taps(o: usize, kernel: usize, stride: usize, pad: usize, size: usize) -
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(super) mod avx512 {
     use super::super::first_lanes;
     use super::{Conv2dGeometry, LANES, Order, TILE, valid_taps};
     use std::arch::x86_64::*;
@@ -270,7 +270,7 @@ mod avx512 {
 
     /// Transposes 16 vectors of 16 floats in registers: `rows[i][j]` becomes `rows[j][i]`.
     #[inline(always)]
-    fn transpose(rows: &mut [__m512; 16]) {
+    pub(in crate::kernels::cpu) fn transpose(rows: &mut [__m512; 16]) {
         // SAFETY: register shuffles only; the callers run with AVX-512F enabled.
         unsafe {
             // Pairs of rows interleaved by 32 bits, then by 64, then 128-bit blocks twice.

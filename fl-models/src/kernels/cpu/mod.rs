@@ -684,6 +684,14 @@ fn weight_grad_chunk(
     let mut db = vec![0.0f32; g.c_out];
     let mut col = g.col_buffer();
     let first = samples.start;
+    // The transposed product takes its output gradient pixel-major, copied by blocks in
+    // registers: gemm packed it one float at a time, in strides of a channel plane, which cost
+    // more than its multiply-adds on MobileNetV2's pointwise layers. gemm's main kernels sum
+    // the same way whatever the operands' strides (tested); its dot-product kernel for
+    // products of at most 16 × 16 and its matrix-vector ones (one column row) are chosen by
+    // the strides, so those layers keep them.
+    let pixel_major = g.transposed_weight_grad() && g.c_out * rows > 16 * 16 && rows > 1;
+    let mut dy_t = vec![0.0f32; if pixel_major { g.output_len() } else { 0 }];
     for n in samples {
         let x_n = &x[n * g.input_len()..(n + 1) * g.input_len()];
         let dy_n = &dy[n * g.output_len()..(n + 1) * g.output_len()];
@@ -692,6 +700,12 @@ fn weight_grad_chunk(
         } else {
             im2col(g, x_n, &mut col);
             &col
+        };
+        let lhs = if pixel_major {
+            columns::transpose([g.c_out, out_plane], dy_n, &mut dy_t);
+            (&dy_t[..], 1, g.c_out)
+        } else {
+            (dy_n, out_plane, 1)
         };
         // colsᵀ is cols read with swapped strides.
         let dst = if g.transposed_weight_grad() {
@@ -703,7 +717,7 @@ fn weight_grad_chunk(
             [g.c_out, rows, out_plane],
             dst,
             n > first,
-            (dy_n, out_plane, 1),
+            lhs,
             (cols, 1, out_plane),
         );
         for (b, plane) in db.iter_mut().zip(dy_n.chunks(out_plane)) {

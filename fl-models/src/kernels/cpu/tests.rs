@@ -527,6 +527,53 @@ fn gathered_input_gradients_keep_the_scatter_bits() {
 }
 
 #[test]
+fn weight_gradients_pixel_major_keep_gemms_bits() {
+    // Transposed im2col products that take their output gradient pixel-major: 1×1 layers with
+    // channels off the 16-float blocks on maps from 32×32 down to one and two pixels (gemm's
+    // shortest depths), a strided 3×3 layer; and products gemm runs by other kernels (at most
+    // 16 × 16; one column row), which keep the channel-major output gradient.
+    let shapes = [
+        geometry([2, 16, 32, 32], [96, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([3, 24, 8, 8], [144, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([4, 40, 4, 4], [16, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([5, 19, 2, 2], [33, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([3, 20, 1, 2], [24, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([3, 20, 1, 1], [16, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([2, 5, 15, 15], [24, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        geometry([2, 7, 3, 5], [20, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([2, 1, 4, 4], [300, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+    ];
+    at_every_isa(|_| {
+        for g in &shapes {
+            let x = values(g.batch * g.input_len(), 81);
+            let dy = values(g.batch * g.output_len(), 82);
+            let (dw_t, db) = weight_grad_chunk(g, &x, &dy, 0..g.batch);
+            // gemm on the channel-major output gradient.
+            let mut want = vec![0.0f32; g.weight_len()];
+            let mut col = g.col_buffer();
+            for n in 0..g.batch {
+                let x_n = &x[n * g.input_len()..(n + 1) * g.input_len()];
+                let cols = if g.is_pointwise() {
+                    x_n
+                } else {
+                    im2col(g, x_n, &mut col);
+                    &col
+                };
+                matmul(
+                    [g.c_out, g.col_rows(), g.out_plane()],
+                    (&mut want[..], 1, g.c_out),
+                    n > 0,
+                    (&dy[n * g.output_len()..], g.out_plane(), 1),
+                    (cols, 1, g.out_plane()),
+                );
+            }
+            assert_same_bits(&dw_t, &want, format!("{g:?}: weight gradient"));
+            assert_eq!(db.len(), g.c_out);
+        }
+    });
+}
+
+#[test]
 fn single_pixel_weight_gradients_keep_the_im2col_bits() {
     // VGG-16's 1×1 maps under 3×3 kernels (c_out above and below 16: both orientations of the
     // gemm replaced), a squeeze-and-excitation 1×1 layer, a strided layer whose one pixel reads
