@@ -159,6 +159,9 @@ fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32], stride: u
 /// (`rows`) outermost, where it would otherwise pack them one float at a time.
 pub(super) fn transpose([rows, cols]: [usize; 2], src: &[f32], dst: &mut [f32]) {
     assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
+    if rows == 0 || cols == 0 {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx512) {
         // SAFETY: the CPU supports AVX-512F; the lengths are checked above.

@@ -158,7 +158,8 @@ mod avx512 {
         let c_in_padded = g.c_in.next_multiple_of(C);
         assert!(packed.len() >= c_in_padded * taps * c_out && dx.len() >= g.c_in * h * w);
         let furthest = vectors.reads.iter().max().copied().unwrap_or(0);
-        assert!(bordered.len() >= (c_out - 1) * border.plane + furthest + LANES);
+        let planes = c_out.saturating_sub(1);
+        assert!(bordered.len() >= planes * border.plane + furthest + LANES);
         let nearest = vectors.reads.iter().min().copied().unwrap_or(usize::MAX);
         assert!(nearest >= (kh - 1) * border.stride + kw - 1);
         let lanes = |mask: u16| LANES - mask.leading_zeros() as usize;
