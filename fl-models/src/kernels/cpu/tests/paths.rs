@@ -1,0 +1,327 @@
+//! Each fast path against the path it replaces, bit for bit: the small-map, across-samples,
+//! direct, by-rows, gathered, pixel-major and single-pixel kernels, on the shapes that pick them.
+
+use super::*;
+
+#[test]
+fn small_map_weight_gradients_are_gemms_bits() {
+    // 2×2, 3×3 and 4×4 outputs (VGG-16's last blocks, CNN3, a strided and a pointwise layer),
+    // channel counts that leave partial tiles both ways, batches over several chunks, and both
+    // orientations of the gemm they replace (c_out below and above 16), two channel tasks.
+    let shapes = [
+        geometry([19, 37, 2, 2], [40, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([9, 12, 3, 3], [20, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([11, 8, 4, 4], [7, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([5, 6, 7, 7], [33, 3, 3], [2, 2], [(0, 0), (0, 0)]),
+        geometry([10, 21, 4, 4], [70, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        // Input channels in whole row tiles: tap-major rows, padding taps skipped (a strided
+        // layer and asymmetric padding too).
+        geometry([11, 32, 2, 2], [40, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([9, 64, 3, 3], [20, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([5, 32, 5, 6], [18, 3, 3], [2, 2], [(1, 1), (0, 2)]),
+    ];
+    let _guard = crate::kernels::isa::test_lock();
+    for g in &shapes {
+        assert_eq!(
+            narrow::applies(g),
+            Isa::active() == Isa::Avx512,
+            "{g:?}: small map"
+        );
+        assert_eq!(
+            narrow::Layout::new(g).tap_major,
+            g.c_in % 32 == 0,
+            "{g:?}: row order"
+        );
+        let x = values(g.batch * g.input_len(), 21);
+        let dy = values(g.batch * g.output_len(), 22);
+        let (dw, db) = conv2d_weight_grad(g, &x, &dy);
+        let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
+        assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
+        assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
+    }
+}
+
+#[test]
+fn small_map_convolutions_across_samples_keep_their_paths_bits() {
+    // The small maps of CNN3, CNN4, ResNet-20 and VGG-16: the direct kernels' order (8×8),
+    // gemm's with several depth blocks (7×7 and 3×3 under 5×5 kernels: 3,200 rows), a strided
+    // layer with asymmetric padding, input gradients over two blocks of output channels (600),
+    // batches that leave part of the last vector empty.
+    let shapes = [
+        geometry([40, 64, 8, 8], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        // ResNet-20's 8×8 stage and CNN4's Conv5: 3×3 kernels on 8×8 maps, direct order.
+        geometry([37, 64, 8, 8], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([40, 64, 8, 8], [128, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([40, 128, 7, 7], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([16, 128, 3, 3], [256, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([45, 32, 4, 4], [48, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([40, 16, 4, 4], [32, 5, 5], [2, 2], [(2, 1), (1, 2)]),
+        geometry([24, 16, 2, 2], [600, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        // ResNet-20's stride-2 layer into its 8×8 stage: little padding, but strided layers
+        // would otherwise take im2col.
+        geometry([40, 32, 16, 16], [64, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+    ];
+    let _guard = crate::kernels::isa::test_lock();
+    for g in &shapes {
+        let direct = crate::kernels::direct::applies(g);
+        let order = lanes::Order::for_geometry(g, None);
+        assert_eq!(order.is_some(), Isa::active() == Isa::Avx512, "{g:?}");
+        let x = values(g.batch * g.input_len(), 31);
+        let w = values(g.weight_len(), 32);
+        let b = values(g.c_out, 33);
+        let dy = values(g.batch * g.output_len(), 34);
+        for bias in [Some(&b[..]), None] {
+            let y = conv2d_forward(g, &x, &w, bias);
+            let y_ref = if direct {
+                crate::kernels::direct::conv2d_forward(g, &x, &w, bias)
+            } else {
+                im2col_conv2d_forward(g, &x, &w, bias)
+            };
+            assert_eq!(y.len(), y_ref.len());
+            assert_eq!(first_difference(&y, &y_ref), None, "{g:?}: forward");
+        }
+        close(
+            &conv2d_forward(g, &x, &w, Some(&b)),
+            &naive_conv(g, &x, &w, &b),
+        );
+        let dx = conv2d_input_grad(g, &w, &dy);
+        let dx_ref = if direct {
+            crate::kernels::direct::conv2d_input_grad(g, &w, &dy)
+        } else {
+            im2col_conv2d_input_grad(g, &w, &dy)
+        };
+        assert_eq!(dx.len(), dx_ref.len());
+        assert_eq!(
+            first_difference(&dx, &dx_ref),
+            None,
+            "{g:?}: input gradient"
+        );
+    }
+    // A direct-path bias holding −0 would be turned into +0 by the padding products this
+    // kernel skips; and gemm blocks that differ between sample groups (a last group of 8
+    // samples makes a product small enough for gemm's fixed 512-deep blocks): both keep the
+    // old path.
+    let g = &shapes[0];
+    let mut b = values(g.c_out, 35);
+    b[3] = -0.0;
+    assert_eq!(lanes::Order::for_geometry(g, Some(&b)), None);
+    let g = geometry([40, 64, 2, 2], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]);
+    assert_eq!(lanes::Order::for_geometry(&g, None), None);
+    // 16×16 maps under 3×3 kernels (8% padding) stay on the direct kernels.
+    let g = geometry([40, 32, 16, 16], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]);
+    assert_eq!(lanes::Order::for_geometry(&g, None), None);
+}
+
+#[test]
+fn direct_weight_gradients_without_their_zero_products_keep_their_bits() {
+    // 8×8, 14×14 and 16×16 maps under 5×5 kernels (CNN1–CNN4's), a 3×5 kernel on a map that
+    // is not square, one and two channel tiles, batches over several chunks with a partial
+    // last one, asymmetric padding; 3×3 kernels on 7×7, 8×8 and 16×16 maps (ResNet-20's,
+    // VGG-16's, CNN4's), unpadded, cut off and on a map that is not square.
+    let shapes = [
+        geometry([21, 16, 8, 8], [64, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([9, 7, 8, 8], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([17, 5, 7, 8], [64, 3, 5], [1, 1], [(2, 1), (2, 2)]),
+        geometry([10, 4, 14, 14], [64, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([8, 3, 16, 16], [64, 5, 5], [1, 1], [(1, 3), (2, 2)]),
+        geometry([19, 6, 7, 7], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([9, 5, 8, 8], [96, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([5, 3, 16, 16], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([10, 4, 10, 9], [32, 3, 3], [1, 1], [(0, 0), (2, 0)]),
+        geometry([9, 2, 9, 12], [64, 3, 3], [1, 1], [(2, 1), (1, 2)]),
+    ];
+    let _guard = crate::kernels::isa::test_lock();
+    for g in &shapes {
+        assert_eq!(
+            direct_wgrad::applies(g),
+            Isa::active() == Isa::Avx512,
+            "{g:?}: applies"
+        );
+        let x = values(g.batch * g.input_len(), 41);
+        let dy = values(g.batch * g.output_len(), 42);
+        let (dw, db) = conv2d_weight_grad(g, &x, &dy);
+        let (dw_ref, db_ref) = crate::kernels::direct::conv2d_weight_grad(g, &x, &dy);
+        assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
+        assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
+    }
+}
+
+#[test]
+fn weight_gradients_without_the_column_matrix_keep_the_im2col_bits() {
+    // CNN3's 7×7 layer on 1×28×28 inputs, a 5×5 map, a 3×5 kernel on a map that is not
+    // square, asymmetric padding, one and two channel tiles, partial last chunks.
+    let shapes = [
+        geometry([19, 6, 7, 7], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([9, 4, 5, 5], [64, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([10, 3, 6, 9], [64, 3, 5], [1, 1], [(1, 1), (0, 2)]),
+        geometry([3, 2, 8, 7], [64, 5, 5], [1, 1], [(3, 1), (2, 2)]),
+    ];
+    let _guard = crate::kernels::isa::test_lock();
+    for g in &shapes {
+        assert_eq!(
+            matches!(WeightGradPath::of(g), WeightGradPath::WithoutColumns),
+            Isa::active() == Isa::Avx512,
+            "{g:?}: path"
+        );
+        let x = values(g.batch * g.input_len(), 43);
+        let dy = values(g.batch * g.output_len(), 44);
+        let (dw, db) = conv2d_weight_grad(g, &x, &dy);
+        let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
+        assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
+        assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
+    }
+}
+
+#[test]
+fn direct_kernels_by_rows_keep_the_wide_bits() {
+    // 16×16 and 32×32 maps under 3×3 and 5×5 kernels (one and two vectors per row), 14×14 and
+    // 12×30 ones (a partial last vector per row), asymmetric padding; channel counts that leave
+    // a partial channel tile on both sides (13: tile 8), several samples.
+    let shapes = [
+        geometry([3, 5, 16, 16], [13, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([2, 9, 16, 16], [16, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([2, 3, 32, 32], [12, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([3, 6, 14, 14], [20, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([2, 8, 12, 30], [6, 5, 5], [1, 1], [(2, 2), (1, 3)]),
+    ];
+    use crate::kernels::direct;
+    let _guard = crate::kernels::isa::test_lock();
+    if Isa::active() < Isa::Avx512 {
+        return;
+    }
+    for g in &shapes {
+        let x = values(g.batch * g.input_len(), 61);
+        let w = values(g.weight_len(), 62);
+        let b = values(g.c_out, 63);
+        let dy = values(g.batch * g.output_len(), 64);
+        assert!(direct::runs_by_rows(g), "{g:?}: runs by rows");
+        for bias in [Some(&b[..]), None] {
+            let y = direct::conv2d_forward(g, &x, &w, bias);
+            let y_ref = direct::wide_forward(g, &x, &w, bias);
+            assert_same_bits(&y, &y_ref, format!("{g:?}: forward"));
+        }
+        // The gathered input gradient adds a chain of zero products for every tap that reads
+        // the border: also with gradients all negative (their products −0 or +0 by weight).
+        let dy_neg: Vec<f32> = dy.iter().map(|v| -v.abs() - 0.5).collect();
+        for dy in [&dy, &dy_neg] {
+            let dx = direct::conv2d_input_grad(g, &w, dy);
+            let dx_ref = direct::wide_input_grad(g, &w, dy);
+            assert_same_bits(&dx, &dx_ref, format!("{g:?}: input gradient"));
+        }
+        close(
+            &direct::conv2d_forward(g, &x, &w, Some(&b)),
+            &naive_conv(g, &x, &w, &b),
+        );
+    }
+}
+
+#[test]
+fn gathered_input_gradients_keep_the_scatter_bits() {
+    // Wide layouts the input gradient gathers (28×28 and 14×14 maps under "same" 3×3 kernels, a
+    // partial channel tile, asymmetric padding), and one it scatters (an unpadded 5×5 layer:
+    // every input pixel would gather 25 taps for a 10×10 map).
+    let gathered = [
+        geometry([2, 13, 28, 28], [8, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([3, 16, 14, 14], [24, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([2, 8, 11, 30], [9, 3, 3], [1, 1], [(2, 0), (0, 2)]),
+    ];
+    let scattered = geometry([2, 6, 14, 14], [16, 5, 5], [1, 1], [(0, 0), (0, 0)]);
+    use crate::kernels::direct;
+    let _guard = crate::kernels::isa::test_lock();
+    if Isa::active() < Isa::Avx512 {
+        return;
+    }
+    let shapes = gathered.iter().map(|g| (g, true));
+    for (g, gathers) in shapes.chain([(&scattered, false)]) {
+        assert_eq!(direct::gathers(g), gathers, "{g:?}: gathers");
+        let w = values(g.weight_len(), 71);
+        let dy = values(g.batch * g.output_len(), 72);
+        let dy_neg: Vec<f32> = dy.iter().map(|v| -v.abs() - 0.5).collect();
+        for dy in [&dy, &dy_neg] {
+            let dx = direct::conv2d_input_grad(g, &w, dy);
+            let dx_ref = direct::wide_input_grad(g, &w, dy);
+            assert_same_bits(&dx, &dx_ref, format!("{g:?}: input gradient"));
+        }
+    }
+}
+
+#[test]
+fn weight_gradients_pixel_major_keep_gemms_bits() {
+    // Transposed im2col products that take their output gradient pixel-major: 1×1 layers with
+    // channels off the 16-float blocks on maps from 32×32 down to one and two pixels (gemm's
+    // shortest depths), a strided 3×3 layer; and products gemm runs by other kernels (at most
+    // 16 × 16; one column row), which keep the channel-major output gradient.
+    let shapes = [
+        geometry([2, 16, 32, 32], [96, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([3, 24, 8, 8], [144, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([4, 40, 4, 4], [16, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([5, 19, 2, 2], [33, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([3, 20, 1, 2], [24, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([3, 20, 1, 1], [16, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([2, 5, 15, 15], [24, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        geometry([2, 7, 3, 5], [20, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([2, 1, 4, 4], [300, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+    ];
+    at_every_isa(|_| {
+        for g in &shapes {
+            let x = values(g.batch * g.input_len(), 81);
+            let dy = values(g.batch * g.output_len(), 82);
+            let (dw_t, db) = weight_grad_chunk(g, &x, &dy, 0..g.batch);
+            // gemm on the channel-major output gradient.
+            let mut want = vec![0.0f32; g.weight_len()];
+            let mut col = g.col_buffer();
+            for n in 0..g.batch {
+                let x_n = &x[n * g.input_len()..(n + 1) * g.input_len()];
+                let cols = if g.is_pointwise() {
+                    x_n
+                } else {
+                    im2col(g, x_n, &mut col);
+                    &col
+                };
+                matmul(
+                    [g.c_out, g.col_rows(), g.out_plane()],
+                    (&mut want[..], 1, g.c_out),
+                    n > 0,
+                    (&dy[n * g.output_len()..], g.out_plane(), 1),
+                    (cols, 1, g.out_plane()),
+                );
+            }
+            assert_same_bits(&dw_t, &want, format!("{g:?}: weight gradient"));
+            assert_eq!(db.len(), g.c_out);
+        }
+    });
+}
+
+#[test]
+fn single_pixel_weight_gradients_keep_the_im2col_bits() {
+    // VGG-16's 1×1 maps under 3×3 kernels (c_out above and below 16: both orientations of the
+    // gemm replaced), a squeeze-and-excitation 1×1 layer, a strided layer whose one pixel reads
+    // part of a 2×3 input, asymmetric padding; batches over several chunks and a partial one.
+    let shapes = [
+        geometry([19, 40, 1, 1], [24, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([9, 33, 1, 1], [10, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([17, 72, 1, 1], [40, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([8, 20, 2, 3], [18, 3, 3], [2, 2], [(1, 0), (1, 0)]),
+        geometry([3, 12, 2, 2], [5, 5, 3], [3, 3], [(2, 1), (1, 0)]),
+    ];
+    at_every_isa(|isa| {
+        for g in &shapes {
+            assert!(
+                matches!(WeightGradPath::of(g), WeightGradPath::SinglePixel),
+                "{g:?}: path"
+            );
+            let x = values(g.batch * g.input_len(), 51);
+            let dy = values(g.batch * g.output_len(), 52);
+            // Also channels whose gradients are all negative (their padding rows are −0),
+            // and a non-finite gradient.
+            let mut dy_neg: Vec<f32> = dy.iter().map(|v| -v.abs() - 0.5).collect();
+            dy_neg[g.c_out + 1] = f32::INFINITY;
+            for dy in [&dy, &dy_neg] {
+                let (dw, db) = conv2d_weight_grad(g, &x, dy);
+                let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, dy);
+                assert_same_bits(&dw, &dw_ref, format!("{isa:?} {g:?}: weight gradient"));
+                assert_same_bits(&db, &db_ref, format!("{isa:?} {g:?}: bias gradient"));
+            }
+        }
+    });
+}
