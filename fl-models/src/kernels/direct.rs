@@ -20,9 +20,10 @@
 //! it cost more than the multiply-adds. Used on x86-64 CPUs with AVX-512F for maps where the
 //! wide layout wastes little (see [`applies`]); elsewhere the im2col path in `cpu.rs` runs.
 //! Where each output row's own vectors are fewer than the wide length's (16×16 and 32×32 maps,
-//! 14×14 ones under 5×5 kernels), the forward pass computes those instead, and the input
-//! gradient gathers each input pixel's taps in registers (`direct/rows.rs`), with the same
-//! sums. Sums run in a fixed order, so results do not depend on the thread count.
+//! 14×14 ones under 5×5 kernels), the forward pass computes those instead (`direct/rows.rs`);
+//! where it computes about as many lanes as the scatter ("same" padding), the input gradient
+//! gathers each input pixel's taps in registers (`direct/gather.rs`). Both keep the wide
+//! layout's sums. Sums run in a fixed order, so results do not depend on the thread count.
 
 use super::cpu::Conv2dGeometry;
 use rayon::prelude::*;
@@ -77,7 +78,7 @@ pub(super) struct Wide {
     output: [usize; 2],
     /// Wide output length per channel: `(oh − 1)·Wp + ow`, rounded up to [`LANES`].
     len: usize,
-    /// Whether the forward pass and input gradient compute each output row's own vectors
+    /// Whether the forward pass computes each output row's own vectors
     /// ([`RowVectors`](rows::RowVectors)) instead of the wide length.
     by_rows: bool,
     /// Whether the input gradient is gathered (`gather.rs`) instead of scattered.

@@ -10,8 +10,9 @@
 //! time on ResNet-20), and no copy out of it; but every input pixel computes every tap, so
 //! [`worth_it`] keeps the scatter where the border is wide (unpadded 5×5 layers).
 
+use super::rows::RowVectors;
 use super::{LANES, pack_input_tiles};
-use crate::kernels::cpu::{Conv2dGeometry, first_lanes};
+use crate::kernels::cpu::Conv2dGeometry;
 use rayon::prelude::*;
 
 /// Input channels per register tile of [`input_grad`]: eight channels × one pixel vector,
@@ -44,11 +45,11 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<
             || vec![0.0f32; border.len(g.c_out)],
             |bordered, (dx_n, dy_n)| {
                 border.copy(g, dy_n, bordered);
-                let args = (g, &border, &bordered[..], &packed[..]);
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `direct::applies` checked AVX-512F; the kernel asserts the buffers'
                 // lengths.
                 unsafe {
+                    let args = (g, &border, &bordered[..], &packed[..]);
                     avx512::gather::<INPUT_TILE>(args, &vectors, dx_n)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
@@ -101,42 +102,20 @@ impl Border {
         }
     }
 
-    /// The input's pixel vectors (each row's, the last one of a row partial): where each one's
-    /// tap `(0, 0)` reads (pixel `(iy, ix)` reads output `(iy + ph − ky, ix + pw − kx)` at tap
-    /// `(ky, kx)`), where it is stored in a `[h, w]` plane, and its lanes in the row.
-    fn input_vectors(&self, g: &Conv2dGeometry) -> InputVectors {
-        let ([h, w], [ph, pw]) = (g.input, g.pad_begin);
-        let mut v = InputVectors {
-            reads: Vec::new(),
-            dest: Vec::new(),
-            masks: Vec::new(),
-        };
-        for iy in 0..h {
-            for x0 in (0..w).step_by(LANES) {
-                v.reads
-                    .push(self.origin + (iy + ph) * self.stride + x0 + pw);
-                v.dest.push(iy * w + x0);
-                v.masks.push(first_lanes(w - x0));
-            }
-        }
-        v
+    /// The input's pixel vectors ([`RowVectors`]), each starting where its tap `(0, 0)` reads:
+    /// pixel `(iy, ix)` reads output `(iy + ph − ky, ix + pw − kx)` at tap `(ky, kx)`, so tap
+    /// `(ky, kx)` reads `ky·stride + kx` floats before.
+    fn input_vectors(&self, g: &Conv2dGeometry) -> RowVectors {
+        let [ph, pw] = g.pad_begin;
+        RowVectors::new(g.input, |iy, x0| {
+            self.origin + (iy + ph) * self.stride + x0 + pw
+        })
     }
-}
-
-/// The input gradient's pixel vectors (see [`Border::input_vectors`]).
-struct InputVectors {
-    /// Where each vector's tap `(0, 0)` reads in a bordered plane; tap `(ky, kx)` reads
-    /// `ky·stride + kx` floats before.
-    reads: Vec<usize>,
-    /// Its first pixel in a channel's `[h, w]` plane.
-    dest: Vec<usize>,
-    /// Its lanes that are pixels.
-    masks: Vec<u16>,
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Border, Conv2dGeometry, InputVectors, LANES};
+    use super::{Border, Conv2dGeometry, LANES, RowVectors};
     use std::arch::x86_64::*;
 
     /// [`input_grad`](super::input_grad) for one sample, every input-channel tile of
@@ -150,30 +129,30 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn gather<const C: usize>(
         (g, border, bordered, packed): (&Conv2dGeometry, &Border, &[f32], &[f32]),
-        vectors: &InputVectors,
+        vectors: &RowVectors,
         dx: &mut [f32],
     ) {
         let ([h, w], [kh, kw], c_out) = (g.input, g.kernel, g.c_out);
         let taps = kh * kw;
         let c_in_padded = g.c_in.next_multiple_of(C);
         assert!(packed.len() >= c_in_padded * taps * c_out && dx.len() >= g.c_in * h * w);
-        let furthest = vectors.reads.iter().max().copied().unwrap_or(0);
+        let furthest = vectors.starts.iter().max().copied().unwrap_or(0);
         let planes = c_out.saturating_sub(1);
         assert!(bordered.len() >= planes * border.plane + furthest + LANES);
-        let nearest = vectors.reads.iter().min().copied().unwrap_or(usize::MAX);
+        let nearest = vectors.starts.iter().min().copied().unwrap_or(usize::MAX);
         assert!(nearest >= (kh - 1) * border.stride + kw - 1);
         let lanes = |mask: u16| LANES - mask.leading_zeros() as usize;
         let stores = vectors.dest.iter().zip(&vectors.masks);
         assert!(stores.clone().all(|(&d, &m)| d + lanes(m) <= h * w));
         // SAFETY: the asserts bound every access: tap `(ky, kx)` of a vector reads 16 floats
-        // from `co·plane + reads − ky·stride − kx >= co·plane`, up to the furthest read plus a
+        // from `co·plane + start − ky·stride − kx >= co·plane`, up to the furthest start plus a
         // vector, within `bordered`; the stores are masked to the vector's pixels, within
         // `h·w`, in channels `< c_in`.
         unsafe {
             let (d, out) = (bordered.as_ptr(), dx.as_mut_ptr());
             for block in 0..c_in_padded / C {
                 let live = (g.c_in - block * C).min(C);
-                for (i, &read) in vectors.reads.iter().enumerate() {
+                for (i, &read) in vectors.starts.iter().enumerate() {
                     let mut total = [_mm512_setzero_ps(); C];
                     for k in 0..taps {
                         let src = d.add(read - (k / kw * border.stride + k % kw));

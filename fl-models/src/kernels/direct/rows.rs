@@ -4,37 +4,46 @@
 use super::{ForwardArgs, LANES, Wide};
 use crate::kernels::cpu::first_lanes;
 
-/// The pixel vectors of each output row, for maps where they are fewer than the wide layout's
-/// (rows 16 or 32 wide, or short rows under wide kernels: on 16×16 maps the wide layout computes
-/// 20 vectors per channel under 5×5 kernels, 18 under 3×3, for 16 of outputs). A row's last
-/// vector may be partial. Every output is the same sum in the same order as in the wide layout,
-/// so results are the wide layout's bit for bit (a test compares them).
+/// The pixel vectors of each row of a `[rows, width]` plane, a row's last vector possibly
+/// partial: the forward pass's output rows, for maps where they are fewer than the wide
+/// layout's (rows 16 or 32 wide, or short rows under wide kernels: on 16×16 maps the wide layout
+/// computes 20 vectors per channel under 5×5 kernels, 18 under 3×3, for 16 of outputs), and the
+/// gathered input gradient's input rows (`gather.rs`). Every output is the same sum in the same
+/// order as in the wide layout, so results are the wide layout's bit for bit (a test compares
+/// them).
 pub(super) struct RowVectors {
-    /// Each vector's first pixel in the wide layout, where its taps read the padded input.
-    starts: Vec<usize>,
-    /// Its first pixel in a channel's `[oh, ow]` output plane.
-    dest: Vec<usize>,
-    /// Its lanes that are outputs.
-    masks: Vec<u16>,
+    /// Where each vector's taps read (tap `(0, 0)`, or the first tap's offset).
+    pub(super) starts: Vec<usize>,
+    /// Its first pixel in a channel's `[rows, width]` plane.
+    pub(super) dest: Vec<usize>,
+    /// Its lanes that are pixels.
+    pub(super) masks: Vec<u16>,
 }
 
-impl Wide {
-    /// Each output row's own pixel vectors (see [`RowVectors`]).
-    pub(super) fn row_vectors(&self) -> RowVectors {
-        let [oh, ow] = self.output;
+impl RowVectors {
+    /// The vectors of a `[rows, width]` plane, the one starting at column `x0` of row `r`
+    /// reading from `start(r, x0)`.
+    pub(super) fn new([rows, width]: [usize; 2], start: impl Fn(usize, usize) -> usize) -> Self {
         let mut v = RowVectors {
             starts: Vec::new(),
             dest: Vec::new(),
             masks: Vec::new(),
         };
-        for oy in 0..oh {
-            for x0 in (0..ow).step_by(LANES) {
-                v.starts.push(oy * self.padded[1] + x0);
-                v.dest.push(oy * ow + x0);
-                v.masks.push(first_lanes(ow - x0));
+        for r in 0..rows {
+            for x0 in (0..width).step_by(LANES) {
+                v.starts.push(start(r, x0));
+                v.dest.push(r * width + x0);
+                v.masks.push(first_lanes(width - x0));
             }
         }
         v
+    }
+}
+
+impl Wide {
+    /// Each output row's own pixel vectors, reading the padded input (see [`RowVectors`]).
+    pub(super) fn row_vectors(&self) -> RowVectors {
+        RowVectors::new(self.output, |oy, x0| oy * self.padded[1] + x0)
     }
 }
 

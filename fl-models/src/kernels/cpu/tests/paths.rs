@@ -172,6 +172,19 @@ fn weight_gradients_without_the_column_matrix_keep_the_im2col_bits() {
     }
 }
 
+/// Asserts that `g`'s direct input gradient has the wide scatter's bits, for `dy` and for
+/// gradients all negative: a gathered tap that reads the border adds a chain of zero products
+/// (−0 or +0 by weight).
+fn input_grad_keeps_the_wide_bits(g: &Conv2dGeometry, w: &[f32], dy: &[f32]) {
+    use crate::kernels::direct;
+    let dy_neg: Vec<f32> = dy.iter().map(|v| -v.abs() - 0.5).collect();
+    for dy in [dy, &dy_neg] {
+        let dx = direct::conv2d_input_grad(g, w, dy);
+        let dx_ref = direct::wide_input_grad(g, w, dy);
+        assert_same_bits(&dx, &dx_ref, format!("{g:?}: input gradient"));
+    }
+}
+
 #[test]
 fn direct_kernels_by_rows_keep_the_wide_bits() {
     // 16×16 and 32×32 maps under 3×3 and 5×5 kernels (one and two vectors per row), 14×14 and
@@ -200,14 +213,7 @@ fn direct_kernels_by_rows_keep_the_wide_bits() {
             let y_ref = direct::wide_forward(g, &x, &w, bias);
             assert_same_bits(&y, &y_ref, format!("{g:?}: forward"));
         }
-        // The gathered input gradient adds a chain of zero products for every tap that reads
-        // the border: also with gradients all negative (their products −0 or +0 by weight).
-        let dy_neg: Vec<f32> = dy.iter().map(|v| -v.abs() - 0.5).collect();
-        for dy in [&dy, &dy_neg] {
-            let dx = direct::conv2d_input_grad(g, &w, dy);
-            let dx_ref = direct::wide_input_grad(g, &w, dy);
-            assert_same_bits(&dx, &dx_ref, format!("{g:?}: input gradient"));
-        }
+        input_grad_keeps_the_wide_bits(g, &w, &dy);
         close(
             &direct::conv2d_forward(g, &x, &w, Some(&b)),
             &naive_conv(g, &x, &w, &b),
@@ -236,12 +242,7 @@ fn gathered_input_gradients_keep_the_scatter_bits() {
         assert_eq!(direct::gathers(g), gathers, "{g:?}: gathers");
         let w = values(g.weight_len(), 71);
         let dy = values(g.batch * g.output_len(), 72);
-        let dy_neg: Vec<f32> = dy.iter().map(|v| -v.abs() - 0.5).collect();
-        for dy in [&dy, &dy_neg] {
-            let dx = direct::conv2d_input_grad(g, &w, dy);
-            let dx_ref = direct::wide_input_grad(g, &w, dy);
-            assert_same_bits(&dx, &dx_ref, format!("{g:?}: input gradient"));
-        }
+        input_grad_keeps_the_wide_bits(g, &w, &dy);
     }
 }
 
