@@ -30,9 +30,17 @@ use crate::kernels::isa::{Isa, uses};
 
 /// Samples per vector (AVX-512 lanes).
 const LANES: usize = 16;
-/// Channels per register tile: 16 running sums, one vector of samples, the broadcasts folded
-/// into the multiply-adds.
+/// Channels per packed weight tile (one cache line of a tap's weights) and per task.
 const TILE: usize = 16;
+/// Channels per register tile: a task runs its tile's two halves one after the other, each
+/// with 8 × [`PAIR`] running sums, so each weight broadcast feeds two vectors of samples (one
+/// broadcast per multiply-add kept two load ports as busy as the two FMA ports).
+const PART: usize = 8;
+/// Groups of samples per task (two vectors of samples per register tile).
+const PAIR: usize = 2;
+/// The forward pass's input channels per chunk read about this many bytes of input (the L1
+/// cache holds them and the chunk's weights while every output pixel reads them).
+const CHUNK_BYTES: usize = 32 << 10;
 /// The largest map this kernel takes (8×8); bigger maps waste little on padding.
 const MAX_PIXELS: usize = 64;
 
@@ -147,18 +155,20 @@ fn to_lanes(
     out
 }
 
-/// The inverse of [`to_lanes`] for tiled results `[groups][tiles][pixels][TILE][LANES]`, a group
-/// per task (transposed in registers like [`to_lanes`]).
+/// The inverse of [`to_lanes`] for tiled results `[tiles][groups][pixels][TILE][LANES]`, a
+/// group per task (transposed in registers like [`to_lanes`]).
 fn from_lanes(tiled: &[f32], batch: usize, channels: usize, pixels: usize) -> Vec<f32> {
-    let group_len = channels.div_ceil(TILE) * pixels * TILE * LANES;
+    let tile_stride = batch.div_ceil(LANES) * pixels * TILE * LANES;
     let mut out = par_zeroed(batch * channels * pixels);
     out.par_chunks_mut(LANES * channels * pixels)
-        .zip(tiled.par_chunks(group_len))
-        .for_each(|(dst, src)| {
+        .enumerate()
+        .for_each(|(group, dst)| {
+            let src = &tiled[group * pixels * TILE * LANES..];
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as in `to_lanes`; `src` is one group's tiles for `dst`'s samples.
+            // SAFETY: as in `to_lanes`; `src` starts at the group's first tile, the others
+            // `tile_stride` floats apart, for `dst`'s samples.
             unsafe {
-                avx512::from_lanes_group(src, [channels, pixels], dst);
+                avx512::from_lanes_group(src, [channels, pixels], tile_stride, dst);
             }
         });
     out
@@ -193,20 +203,27 @@ pub(super) fn forward(
     }
     let xs = to_lanes(x, g.batch, g.c_in, g.in_plane(), false);
     per_tile(g.batch, g.c_out, g.out_plane(), |group, tile, dst| {
-        let x_group = &xs[group * g.input_len() * LANES..][..g.input_len() * LANES];
+        let len = g.input_len() * LANES;
+        let x_group = |i: usize| &xs[(group + i) * len..][..len];
         let w_tile = &packed[tile * rows * TILE..][..rows * TILE];
         let b_tile = &bias_padded[tile * TILE..][..TILE];
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `applies` checked AVX-512F; the slices above have the lengths
-        // `forward_tile` requires.
+        // `forward_tile` requires, `dst` one or two groups' outputs.
         unsafe {
-            avx512::forward_tile(g, order, x_group, w_tile, b_tile, dst);
+            if dst.len() == PAIR * g.out_plane() * TILE * LANES {
+                let x = [x_group(0), x_group(1)];
+                avx512::forward_tile(g, order, x, w_tile, b_tile, dst);
+            } else {
+                avx512::forward_tile(g, order, [x_group(0)], w_tile, b_tile, dst);
+            }
         }
     })
 }
 
-/// Runs `task(group, tile, out)` on the thread pool for every group of [`LANES`] samples and
-/// tile of `channels`, each writing its own `[pixels][TILE][LANES]` block, and returns the
+/// Runs `task(group, tile, out)` on the thread pool for every pair of groups of [`LANES`]
+/// samples (the last one alone where their count is odd) and tile of `channels`, each writing
+/// its own `[samples][pixels][TILE][LANES]` block (one or two groups of samples), and returns the
 /// blocks as `[batch, channels, pixels]`.
 fn per_tile(
     batch: usize,
@@ -214,12 +231,19 @@ fn per_tile(
     pixels: usize,
     task: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
-    let tiles = channels.div_ceil(TILE);
-    let task_len = pixels * TILE * LANES;
-    let mut out = par_zeroed(batch.div_ceil(LANES) * tiles * task_len);
-    out.par_chunks_mut(task_len)
+    let (groups, tiles) = (batch.div_ceil(LANES), channels.div_ceil(TILE));
+    let group_len = pixels * TILE * LANES;
+    // Tile-major, so a task's groups are one contiguous block.
+    let mut out = par_zeroed(tiles * groups * group_len);
+    out.par_chunks_mut(groups * group_len)
         .enumerate()
-        .for_each(|(i, dst)| task(i / tiles, i % tiles, dst));
+        .flat_map(|(tile, blocks)| {
+            blocks
+                .par_chunks_mut(PAIR * group_len)
+                .enumerate()
+                .map(move |(pair, dst)| (PAIR * pair, tile, dst))
+        })
+        .for_each(|(group, tile, dst)| task(group, tile, dst));
     from_lanes(&out, batch, channels, pixels)
 }
 
@@ -242,12 +266,18 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32], order: 
     // Output gradients pixel-major, so a pixel's channels are consecutive vectors.
     let dys = to_lanes(dy, g.batch, g.c_out, g.out_plane(), true);
     per_tile(g.batch, g.c_in, g.in_plane(), |group, tile, dst| {
-        let dy_group = &dys[group * g.output_len() * LANES..][..g.output_len() * LANES];
+        let len = g.output_len() * LANES;
+        let dy_group = |i: usize| &dys[(group + i) * len..][..len];
         let w_tile = &packed[tile * taps * g.c_out * TILE..][..taps * g.c_out * TILE];
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `forward`, for `input_grad_tile`.
         unsafe {
-            avx512::input_grad_tile(g, order, dy_group, w_tile, dst);
+            if dst.len() == PAIR * g.in_plane() * TILE * LANES {
+                let dy = [dy_group(0), dy_group(1)];
+                avx512::input_grad_tile(g, order, dy, w_tile, dst);
+            } else {
+                avx512::input_grad_tile(g, order, [dy_group(0)], w_tile, dst);
+            }
         }
     })
 }
@@ -263,10 +293,11 @@ fn valid_taps(o: usize, kernel: usize, stride: usize, pad: usize, size: usize) -
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
     use super::super::first_lanes;
-    use super::{Conv2dGeometry, LANES, Order, TILE, valid_taps};
+    use super::{CHUNK_BYTES, Conv2dGeometry, LANES, Order, PART, TILE, valid_taps};
     use std::arch::x86_64::*;
 
-    type Sums = [__m512; TILE];
+    /// [`PART`] channels × `V` vectors of samples.
+    type Sums<const V: usize> = [[__m512; V]; PART];
 
     /// Transposes 16 vectors of 16 floats in registers: `rows[i][j]` becomes `rows[j][i]`.
     #[inline(always)]
@@ -337,25 +368,26 @@ pub(super) mod avx512 {
         }
     }
 
-    /// One group of [`super::from_lanes`]: `src` is `[tiles][pixels][TILE][LANES]`, `dst`
-    /// 1–16 samples `[channels][pixels]`.
+    /// One group of [`super::from_lanes`]: `src` holds the group's tiles `[pixels][TILE][LANES]`,
+    /// `tile_stride` floats apart, `dst` 1–16 samples `[channels][pixels]`.
     ///
     /// # Safety
-    /// AVX-512F; `src` holds `channels.div_ceil(TILE) · pixels · TILE · LANES` floats and
-    /// `dst.len()` is a multiple of `channels · pixels` of at most 16 samples.
+    /// AVX-512F; `src` holds `(channels.div_ceil(TILE) − 1) · tile_stride + pixels · TILE ·
+    /// LANES` floats and `dst.len()` is a multiple of `channels · pixels` of at most 16 samples.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn from_lanes_group(
         src: &[f32],
         [channels, pixels]: [usize; 2],
+        tile_stride: usize,
         dst: &mut [f32],
     ) {
         let per_sample = channels * pixels;
         let count = dst.len() / per_sample;
-        assert!(count <= LANES && count * per_sample == dst.len());
-        assert!(src.len() >= channels.div_ceil(TILE) * pixels * TILE * LANES);
+        assert!(count <= LANES && count * per_sample == dst.len() && channels > 0);
+        assert!(src.len() >= (channels.div_ceil(TILE) - 1) * tile_stride + pixels * TILE * LANES);
         for c in 0..channels {
             // Channel `c`'s vectors of samples, one per pixel.
-            let lines = src[(c / TILE) * pixels * TILE * LANES + (c % TILE) * LANES..].as_ptr();
+            let lines = src[(c / TILE) * tile_stride + (c % TILE) * LANES..].as_ptr();
             for p0 in (0..pixels).step_by(16) {
                 let len = (pixels - p0).min(16);
                 let mask = first_lanes(len);
@@ -375,112 +407,152 @@ pub(super) mod avx512 {
         }
     }
 
-    /// Adds `sums` onto the [`TILE`] vectors at `dst`.
+    /// Adds `sums` onto the [`PART`] × `V` vectors at `dst(v) + t · LANES`.
     ///
     /// # Safety
-    /// AVX-512F; `dst` points at `TILE · LANES` writable floats.
+    /// AVX-512F; each `dst(v)` points at `PART · LANES` writable floats.
     #[inline(always)]
-    unsafe fn add_onto(dst: *mut f32, sums: &Sums) {
+    unsafe fn add_onto<const V: usize>(dst: &[*mut f32; V], sums: &Sums<V>) {
         for (t, s) in sums.iter().enumerate() {
-            // SAFETY: the caller upholds this function's contract.
-            unsafe {
-                let at = dst.add(t * LANES);
-                _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), *s));
+            for (d, s) in dst.iter().zip(s) {
+                // SAFETY: the caller upholds this function's contract.
+                unsafe {
+                    let at = d.add(t * LANES);
+                    _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), *s));
+                }
             }
         }
     }
 
-    /// One channel tile of one group of samples: `out[p][t][lane]` for every output pixel `p`.
+    /// One channel tile of `V` groups of samples: `out[v][p][t][lane]` for every output pixel
+    /// `p`, a half tile ([`PART`] channels) at a time, over the input channels in chunks
+    /// whose inputs stay in the L1 cache: each output's chain pauses at a chunk's end (its
+    /// running sums kept in `state`) and resumes at the next, the same chain as without chunks.
     ///
     /// # Safety
-    /// AVX-512F; `x` holds the group's input `[c_in][h][w][LANES]`, `w` the tile's weights
-    /// `[c_in·kh·kw][TILE]`, `bias` [`TILE`] floats and `out` `out_plane · TILE · LANES`.
+    /// AVX-512F; each `x[v]` holds a group's input `[c_in][h][w][LANES]`, `w` the tile's
+    /// weights `[c_in·kh·kw][TILE]`, `bias` [`TILE`] floats and `out`
+    /// `V · out_plane · TILE · LANES`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn forward_tile(
+    pub(super) unsafe fn forward_tile<const V: usize>(
         g: &Conv2dGeometry,
         order: Order,
-        x: &[f32],
+        x: [&[f32]; V],
         w: &[f32],
         bias: &[f32],
         out: &mut [f32],
     ) {
         let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
         let rows = g.c_in * kh * kw;
-        assert!(x.len() >= g.c_in * h * wd * LANES && w.len() >= rows * TILE);
-        assert!(bias.len() >= TILE && out.len() >= oh * ow * TILE * LANES);
+        assert!(x.iter().all(|x| x.len() >= g.c_in * h * wd * LANES));
+        assert!(w.len() >= rows * TILE && bias.len() >= TILE);
+        assert!(out.len() >= V * oh * ow * TILE * LANES);
         let kc = order.forward_kc;
         let blocks = rows.div_ceil(kc);
+        // Input channels per chunk: the chunk's planes of all `V` groups in about 32 KiB.
+        let chunk = (CHUNK_BYTES / (V * h * wd * LANES * 4)).max(1);
+        let zero = [[_mm512_setzero_ps(); V]; PART];
+        // Per half tile and pixel: the running sums of the current depth block and its index.
+        let mut state = vec![(zero, 0usize); TILE / PART * oh * ow];
         // SAFETY: the asserts bound every access: taps come from `valid_taps`, so every input
         // read lies inside the image.
         unsafe {
-            let bias: Sums = std::array::from_fn(|t| _mm512_set1_ps(bias[t]));
-            let zero = [_mm512_setzero_ps(); TILE];
-            for oy in 0..oh {
-                let (ky_lo, ky_hi) = valid_taps(oy, kh, g.stride[0], g.pad_begin[0], h);
-                for ox in 0..ow {
-                    let (kx_lo, kx_hi) = valid_taps(ox, kw, g.stride[1], g.pad_begin[1], wd);
-                    let dst = out.as_mut_ptr().add((oy * ow + ox) * TILE * LANES);
-                    // The output starts at the bias and takes each block's chain (gemm), or
-                    // is one chain from the bias (direct).
-                    let (first, mut sums) = if order.from_bias {
-                        (zero, bias)
-                    } else {
-                        (bias, zero)
-                    };
-                    for (t, v) in first.iter().enumerate() {
-                        _mm512_storeu_ps(dst.add(t * LANES), *v);
-                    }
-                    let mut block = 0;
-                    for c in 0..g.c_in {
-                        for ky in ky_lo..ky_hi {
-                            let iy = oy * g.stride[0] + ky - g.pad_begin[0];
-                            let row = (c * kh + ky) * kw;
-                            let ix0 = ox * g.stride[1] + kx_lo - g.pad_begin[1];
-                            let xs = x.as_ptr().add(((c * h + iy) * wd + ix0) * LANES);
-                            for kx in kx_lo..kx_hi {
-                                let k = row + kx;
-                                while k >= (block + 1) * kc {
-                                    add_onto(dst, &sums);
+            for c0 in (0..g.c_in).step_by(chunk) {
+                let c1 = (c0 + chunk).min(g.c_in);
+                for (half, state) in state.chunks_exact_mut(oh * ow).enumerate() {
+                    let half = half * PART;
+                    let bias: Sums<V> =
+                        std::array::from_fn(|t| [_mm512_set1_ps(bias[half + t]); V]);
+                    for oy in 0..oh {
+                        let (ky_lo, ky_hi) = valid_taps(oy, kh, g.stride[0], g.pad_begin[0], h);
+                        for ox in 0..ow {
+                            let (kx_lo, kx_hi) =
+                                valid_taps(ox, kw, g.stride[1], g.pad_begin[1], wd);
+                            let pixel = (oy * ow + ox) * TILE + half;
+                            let dst: [*mut f32; V] = std::array::from_fn(|v| {
+                                out.as_mut_ptr().add((v * oh * ow * TILE + pixel) * LANES)
+                            });
+                            let (mut sums, mut block) = state[oy * ow + ox];
+                            if c0 == 0 {
+                                // The output starts at the bias and takes each block's chain
+                                // (gemm), or is one chain from the bias (direct).
+                                let first;
+                                (first, sums) = if order.from_bias {
+                                    (zero, bias)
+                                } else {
+                                    (bias, zero)
+                                };
+                                for (t, f) in first.iter().enumerate() {
+                                    for (d, f) in dst.iter().zip(f) {
+                                        _mm512_storeu_ps(d.add(t * LANES), *f);
+                                    }
+                                }
+                            }
+                            for c in c0..c1 {
+                                for ky in ky_lo..ky_hi {
+                                    let iy = oy * g.stride[0] + ky - g.pad_begin[0];
+                                    let row = (c * kh + ky) * kw;
+                                    let ix0 = ox * g.stride[1] + kx_lo - g.pad_begin[1];
+                                    let at = ((c * h + iy) * wd + ix0) * LANES;
+                                    for kx in kx_lo..kx_hi {
+                                        let k = row + kx;
+                                        while k >= (block + 1) * kc {
+                                            add_onto(&dst, &sums);
+                                            sums = zero;
+                                            block += 1;
+                                        }
+                                        let xv: [__m512; V] = std::array::from_fn(|v| {
+                                            let from = x[v].as_ptr().add(at + (kx - kx_lo) * LANES);
+                                            _mm512_loadu_ps(from)
+                                        });
+                                        let wk = w.as_ptr().add(k * TILE + half);
+                                        for (t, s) in sums.iter_mut().enumerate() {
+                                            let wt = _mm512_set1_ps(*wk.add(t));
+                                            for (s, xv) in s.iter_mut().zip(&xv) {
+                                                *s = _mm512_fmadd_ps(wt, *xv, *s);
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                            if c1 == g.c_in {
+                                while block < blocks {
+                                    add_onto(&dst, &sums);
                                     sums = zero;
                                     block += 1;
                                 }
-                                let xv = _mm512_loadu_ps(xs.add((kx - kx_lo) * LANES));
-                                let wk = w.as_ptr().add(k * TILE);
-                                for (t, s) in sums.iter_mut().enumerate() {
-                                    *s = _mm512_fmadd_ps(_mm512_set1_ps(*wk.add(t)), xv, *s);
-                                }
+                            } else {
+                                state[oy * ow + ox] = (sums, block);
                             }
                         }
-                    }
-                    while block < blocks {
-                        add_onto(dst, &sums);
-                        sums = zero;
-                        block += 1;
                     }
                 }
             }
         }
     }
 
-    /// One input-channel tile of one group of samples: `out[q][t][lane]` for every input pixel
-    /// `q`, its taps in (ky, kx) order, each a chain over the output channels (in depth blocks).
+    /// One input-channel tile of `V` groups of samples: `out[v][q][t][lane]` for every input
+    /// pixel `q`, its taps in (ky, kx) order, each a chain over the output channels (in depth
+    /// blocks) for one half tile ([`PART`] channels) and then the other.
     ///
     /// # Safety
-    /// AVX-512F; `dy` holds the group's output gradient `[out_plane][c_out][LANES]`, `w` the
-    /// tile's weights `[kh·kw][c_out][TILE]` and `out` `h · w · TILE · LANES` zeroed floats.
+    /// AVX-512F; each `dy[v]` holds a group's output gradient `[out_plane][c_out][LANES]`, `w`
+    /// the tile's weights `[kh·kw][c_out][TILE]` and `out` `V · h · w · TILE · LANES` zeroed
+    /// floats.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn input_grad_tile(
+    pub(super) unsafe fn input_grad_tile<const V: usize>(
         g: &Conv2dGeometry,
         order: Order,
-        dy: &[f32],
+        dy: [&[f32]; V],
         w: &[f32],
         out: &mut [f32],
     ) {
         let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
         let [sh, sw] = g.stride;
         let [ph, pw] = g.pad_begin;
-        assert!(dy.len() >= oh * ow * g.c_out * LANES && w.len() >= kh * kw * g.c_out * TILE);
-        assert!(out.len() >= h * wd * TILE * LANES);
+        assert!(dy.iter().all(|dy| dy.len() >= oh * ow * g.c_out * LANES));
+        assert!(w.len() >= kh * kw * g.c_out * TILE);
+        assert!(out.len() >= V * h * wd * TILE * LANES);
         let kc = order.input_kc;
         // The output index `o` that tap `k` of input index `i` comes from, if any.
         let source = |i: usize, k: usize, s: usize, pad: usize, size: usize| {
@@ -489,10 +561,9 @@ pub(super) mod avx512 {
         };
         // SAFETY: the asserts bound every access (`source` yields pixels inside the output).
         unsafe {
-            let zero = [_mm512_setzero_ps(); TILE];
+            let zero = [[_mm512_setzero_ps(); V]; PART];
             for iy in 0..h {
                 for ix in 0..wd {
-                    let dst = out.as_mut_ptr().add((iy * wd + ix) * TILE * LANES);
                     for ky in 0..kh {
                         let Some(oy) = source(iy, ky, sh, ph, oh) else {
                             continue;
@@ -501,25 +572,42 @@ pub(super) mod avx512 {
                             let Some(ox) = source(ix, kx, sw, pw, ow) else {
                                 continue;
                             };
-                            let d = dy.as_ptr().add((oy * ow + ox) * g.c_out * LANES);
-                            let wt = w.as_ptr().add((ky * kw + kx) * g.c_out * TILE);
-                            let mut column = zero;
-                            for o0 in (0..g.c_out).step_by(kc) {
-                                let mut sums = zero;
-                                for o in o0..(o0 + kc).min(g.c_out) {
-                                    let dv = _mm512_loadu_ps(d.add(o * LANES));
-                                    let wo = wt.add(o * TILE);
-                                    for (t, s) in sums.iter_mut().enumerate() {
-                                        *s = _mm512_fmadd_ps(_mm512_set1_ps(*wo.add(t)), dv, *s);
+                            let at = (oy * ow + ox) * g.c_out * LANES;
+                            // Both halves in turn, the second reading the same output
+                            // gradients and weight lines from the L1 cache.
+                            for half in (0..TILE).step_by(PART) {
+                                let pixel = (iy * wd + ix) * TILE + half;
+                                let dst: [*mut f32; V] = std::array::from_fn(|v| {
+                                    out.as_mut_ptr().add((v * h * wd * TILE + pixel) * LANES)
+                                });
+                                let wt = w.as_ptr().add((ky * kw + kx) * g.c_out * TILE + half);
+                                let mut column = zero;
+                                for o0 in (0..g.c_out).step_by(kc) {
+                                    let mut sums = zero;
+                                    for o in o0..(o0 + kc).min(g.c_out) {
+                                        let dv: [__m512; V] = std::array::from_fn(|v| {
+                                            _mm512_loadu_ps(dy[v].as_ptr().add(at + o * LANES))
+                                        });
+                                        let wo = wt.add(o * TILE);
+                                        for (t, s) in sums.iter_mut().enumerate() {
+                                            let wb = _mm512_set1_ps(*wo.add(t));
+                                            for (s, dv) in s.iter_mut().zip(&dv) {
+                                                *s = _mm512_fmadd_ps(wb, *dv, *s);
+                                            }
+                                        }
                                     }
+                                    column = if o0 == 0 {
+                                        sums
+                                    } else {
+                                        std::array::from_fn(|t| {
+                                            std::array::from_fn(|v| {
+                                                _mm512_add_ps(column[t][v], sums[t][v])
+                                            })
+                                        })
+                                    };
                                 }
-                                column = if o0 == 0 {
-                                    sums
-                                } else {
-                                    std::array::from_fn(|t| _mm512_add_ps(column[t], sums[t]))
-                                };
+                                add_onto(&dst, &column);
                             }
-                            add_onto(dst, &column);
                         }
                     }
                 }
