@@ -69,13 +69,7 @@ fn chunk(
             padded: &padded,
             dy_t: &dy_t,
         };
-        for ci in 0..g.c_in {
-            for co0 in (0..g.c_out).step_by(CHANNEL_TILE) {
-                for ky in 0..g.kernel[0] {
-                    avx512::kernel_row(&args, [co0, ci, ky], &mut dw);
-                }
-            }
-        }
+        avx512::chunk_sums(&args, &mut dw);
     }
     (dw, db)
 }
@@ -98,16 +92,54 @@ mod avx512 {
         pub(super) dy_t: &'a [f32],
     }
 
-    /// `dw[co0..co0 + 64, (ci, ky, kx)]` for every `kx`: per sample a chain over the pixels in
-    /// ascending order, stored for the first sample and added onto the sum for the others.
+    /// The register tile of `dw[co0..co0 + 64, (ci, ky, kx)]` for every `kx`.
+    type Tile = [[__m512; KERNEL_WIDTH]; VECTORS];
+
+    /// The chunk's whole weight gradient into `dw` (`c_out · c_in·kh·5` floats): sample by
+    /// sample (so a sample's output gradients stay in the L1 cache while every tile reads
+    /// them), each tile's chain over the pixels stored for the first sample and added onto
+    /// the tile's sum, kept in memory, for the others.
+    ///
+    /// # Safety
+    /// AVX-512F; as [`kernel_row`], for every tile of `g`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn chunk_sums(chunk: &Chunk, dw: &mut [f32]) {
+        let (g, kh) = (chunk.g, chunk.g.kernel[0]);
+        let tiles = g.c_out / CHANNEL_TILE;
+        // In the order the loops below visit them, so the sums stream through the caches.
+        let mut sums: Vec<Tile> =
+            vec![[[_mm512_setzero_ps(); KERNEL_WIDTH]; VECTORS]; tiles * g.c_in * kh];
+        for n in 0..chunk.count {
+            let mut tile = sums.iter_mut();
+            for co in 0..tiles {
+                for ci in 0..g.c_in {
+                    for ky in 0..kh {
+                        let sum = tile.next().expect("one tile per (co, ci, ky)");
+                        // SAFETY: the caller upholds `kernel_row`'s contract for these indices.
+                        unsafe { kernel_row(chunk, n, [co * CHANNEL_TILE, ci, ky], sum) };
+                    }
+                }
+            }
+        }
+        for (i, sum) in sums.iter().enumerate() {
+            let (co, row) = (i / (g.c_in * kh), i % (g.c_in * kh));
+            let at = [co * CHANNEL_TILE, row * KERNEL_WIDTH, g.col_rows()];
+            // SAFETY: `co·64 + 64 <= c_out` and the tile's 5 taps lie in the row.
+            unsafe { store_tile(sum, at, dw) };
+        }
+    }
+
+    /// Sample `n`'s chain over the pixels for `dw[co0..co0 + 64, (ci, ky, kx)]` and every
+    /// `kx`, in ascending pixel order from +0: stored into `sum` for the chunk's first sample,
+    /// added onto it for the others.
     ///
     /// # Safety
     /// AVX-512F; `g.kernel[1] == 5`, stride 1, `wide` is `g`'s layout, `padded` holds `count`
     /// padded inputs of `wide.input_len` floats, `dy_t` their output gradients
-    /// `[count][out_plane][c_out]`, `dw` `c_out · c_in·kh·5` floats, `co0 + 64 <= c_out`,
-    /// `ci < c_in` and `ky < kh`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn kernel_row(chunk: &Chunk, [co0, ci, ky]: [usize; 3], dw: &mut [f32]) {
+    /// `[count][out_plane][c_out]`, `n < count`, `co0 + 64 <= c_out`, `ci < c_in` and
+    /// `ky < kh`.
+    #[inline(always)]
+    unsafe fn kernel_row(chunk: &Chunk, n: usize, [co0, ci, ky]: [usize; 3], sum: &mut Tile) {
         let Chunk {
             g,
             wide,
@@ -117,42 +149,37 @@ mod avx512 {
         } = *chunk;
         let ([hp, wp], [oh, ow]) = (wide.padded, g.output);
         assert!(g.kernel[1] == KERNEL_WIDTH && ky < g.kernel[0] && g.stride == [1, 1]);
-        assert!(co0 + CHANNEL_TILE <= g.c_out && ci < g.c_in && count > 0);
+        assert!(co0 + CHANNEL_TILE <= g.c_out && ci < g.c_in && n < count);
         assert!(padded.len() >= count * wide.input_len && dy_t.len() >= count * g.output_len());
         assert!((ci + 1) * hp * wp <= wide.input_len && hp == oh + g.kernel[0] - 1);
         // SAFETY: the asserts bound every access: pixel `(oy, ox)` reads the padded input at
         // `ci·Hp·Wp + (oy + ky)·Wp + ox + kx < (ci + 1)·Hp·Wp` (`oy + ky < Hp`,
         // `ox + kx < Wp`) and the output gradient at `pixel·c_out + co0 + 64 <= output_len`.
         unsafe {
-            let mut sum = [[_mm512_setzero_ps(); KERNEL_WIDTH]; VECTORS];
-            for n in 0..count {
-                let x = padded
-                    .as_ptr()
-                    .add(n * wide.input_len + ci * hp * wp + ky * wp);
-                let dy = dy_t.as_ptr().add(n * g.output_len() + co0);
-                let mut acc = [[_mm512_setzero_ps(); KERNEL_WIDTH]; VECTORS];
-                for oy in 0..oh {
-                    for ox in 0..ow {
-                        let d = dy.add((oy * ow + ox) * g.c_out);
-                        let dv: [__m512; VECTORS] =
-                            std::array::from_fn(|v| _mm512_loadu_ps(d.add(v * 16)));
-                        let xp = x.add(oy * wp + ox);
-                        for kx in 0..KERNEL_WIDTH {
-                            let xb = _mm512_set1_ps(*xp.add(kx));
-                            for (v, a) in acc.iter_mut().enumerate() {
-                                a[kx] = _mm512_fmadd_ps(dv[v], xb, a[kx]);
-                            }
+            let x = padded
+                .as_ptr()
+                .add(n * wide.input_len + ci * hp * wp + ky * wp);
+            let dy = dy_t.as_ptr().add(n * g.output_len() + co0);
+            let mut acc = [[_mm512_setzero_ps(); KERNEL_WIDTH]; VECTORS];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let d = dy.add((oy * ow + ox) * g.c_out);
+                    let dv: [__m512; VECTORS] =
+                        std::array::from_fn(|v| _mm512_loadu_ps(d.add(v * 16)));
+                    let xp = x.add(oy * wp + ox);
+                    for kx in 0..KERNEL_WIDTH {
+                        let xb = _mm512_set1_ps(*xp.add(kx));
+                        for (v, a) in acc.iter_mut().enumerate() {
+                            a[kx] = _mm512_fmadd_ps(dv[v], xb, a[kx]);
                         }
                     }
                 }
-                for (s, a) in sum.iter_mut().zip(&acc) {
-                    for (s, a) in s.iter_mut().zip(a) {
-                        *s = if n == 0 { *a } else { _mm512_add_ps(*s, *a) };
-                    }
+            }
+            for (s, a) in sum.iter_mut().zip(&acc) {
+                for (s, a) in s.iter_mut().zip(a) {
+                    *s = if n == 0 { *a } else { _mm512_add_ps(*s, *a) };
                 }
             }
-            let row = (ci * g.kernel[0] + ky) * KERNEL_WIDTH;
-            store_tile(&sum, [co0, row, g.col_rows()], dw);
         }
     }
 }
