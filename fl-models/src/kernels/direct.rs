@@ -25,7 +25,7 @@
 //! gathers each input pixel's taps in registers (`direct/gather.rs`). Both keep the wide
 //! layout's sums. Sums run in a fixed order, so results do not depend on the thread count.
 
-use super::cpu::Conv2dGeometry;
+use super::cpu::{Aligned, Conv2dGeometry};
 use rayon::prelude::*;
 
 mod gather;
@@ -165,8 +165,8 @@ impl Wide {
 
     /// Zero-padded copies of `count` consecutive samples (`x`, `sample_len` floats each), one
     /// every `input_len` floats.
-    pub(super) fn pad_inputs(&self, x: &[f32], sample_len: usize, count: usize) -> Vec<f32> {
-        let mut padded = vec![0.0f32; count * self.input_len];
+    pub(super) fn pad_inputs(&self, x: &[f32], sample_len: usize, count: usize) -> Aligned {
+        let mut padded = Aligned::zeroed(count * self.input_len);
         for n in 0..count {
             let buf = &mut padded[n * self.input_len..(n + 1) * self.input_len];
             self.pad_input(&x[n * sample_len..(n + 1) * sample_len], buf);
@@ -309,7 +309,12 @@ fn input_grad_in(wide: &Wide, g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) ->
     dx.par_chunks_mut(g.input_len())
         .zip(dy.par_chunks(g.output_len()))
         .for_each_init(
-            || (vec![0.0f32; g.c_out * wide.len], vec![0.0f32; padded_len]),
+            || {
+                (
+                    Aligned::zeroed(g.c_out * wide.len),
+                    Aligned::zeroed(padded_len),
+                )
+            },
             |(wide_dy, dx_padded), (dx_n, dy_n)| {
                 dx_padded.fill(0.0);
                 let layout = (wide, g.c_out, tile, c_in_padded);
@@ -382,22 +387,19 @@ pub(super) fn wide_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) ->
 
 /// Per-thread buffers: one padded input, one wide output.
 struct Scratch {
-    input: Vec<f32>,
-    output: Vec<f32>,
+    input: Aligned,
+    output: Aligned,
 }
 
 impl Scratch {
     fn new(wide: &Wide) -> Self {
         Scratch {
-            input: vec![0.0; wide.input_len],
-            output: vec![
-                0.0;
-                if wide.by_rows {
-                    0
-                } else {
-                    wide.c_out_padded * wide.len
-                }
-            ],
+            input: Aligned::zeroed(wide.input_len),
+            output: Aligned::zeroed(if wide.by_rows {
+                0
+            } else {
+                wide.c_out_padded * wide.len
+            }),
         }
     }
 }
@@ -497,7 +499,7 @@ fn weight_grad_chunk(
     let wide_dy_len = wide.c_out_padded * wide.len;
     let dy = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
     let db = super::cpu::chunk_bias_grad(dy, g.c_out, g.out_plane());
-    let mut grads = vec![0.0f32; count * wide_dy_len];
+    let mut grads = Aligned::zeroed(count * wide_dy_len);
     for (dy_n, buf) in dy
         .chunks_exact(g.output_len())
         .zip(grads.chunks_exact_mut(wide_dy_len))

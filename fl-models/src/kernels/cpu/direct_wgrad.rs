@@ -13,7 +13,7 @@
 //! the 5×5 kernel also skips the taps that read the padding; the 3×3 kernel reads a zero-padded
 //! copy of the input instead, so that its 9 taps per pixel run without a branch.
 
-use super::{Conv2dGeometry, chunk_bias_grad, sum_over_chunks};
+use super::{Aligned, Conv2dGeometry, chunk_bias_grad, sum_over_chunks};
 use crate::kernels::direct::Wide;
 use crate::kernels::isa::{Isa, uses};
 
@@ -141,9 +141,9 @@ fn chunk(
 }
 
 /// Output gradients channel-minor, `[sample][pixel][c_out]`: a pixel's channels are vectors.
-pub(super) fn channel_minor(g: &Conv2dGeometry, dy: &[f32]) -> Vec<f32> {
+pub(super) fn channel_minor(g: &Conv2dGeometry, dy: &[f32]) -> Aligned {
     let pixels = g.out_plane();
-    let mut dy_t = vec![0.0f32; dy.len()];
+    let mut dy_t = Aligned::zeroed(dy.len());
     for (src, dst) in dy
         .chunks(g.output_len())
         .zip(dy_t.chunks_mut(g.output_len()))
@@ -165,10 +165,10 @@ fn class_streams(
     classes: &[Vec<[usize; 2]>],
     count: usize,
     tile: usize,
-) -> Vec<f32> {
+) -> Aligned {
     let (pixels, ow) = (g.out_plane(), g.output[1]);
     let tile_len = count * pixels * tile;
-    let mut streams = vec![0.0f32; dy.len()];
+    let mut streams = Aligned::zeroed(dy.len());
     for (n, src) in dy.chunks(g.output_len()).enumerate() {
         let mut start = 0;
         for class in classes {

@@ -25,7 +25,7 @@
 
 use rayon::prelude::*;
 
-use super::{Conv2dGeometry, common_depth_block, par_zeroed};
+use super::{Aligned, Conv2dGeometry, common_depth_block, par_zeroed};
 use crate::kernels::isa::{Isa, uses};
 
 /// Samples per vector (AVX-512 lanes).
@@ -132,9 +132,9 @@ fn to_lanes(
     channels: usize,
     pixels: usize,
     pixel_major: bool,
-) -> Vec<f32> {
+) -> Aligned {
     let per_sample = channels * pixels;
-    let mut out = par_zeroed(batch.div_ceil(LANES) * per_sample * LANES);
+    let mut out = Aligned::zeroed(batch.div_ceil(LANES) * per_sample * LANES);
     out.par_chunks_mut(per_sample * LANES)
         .zip(values.par_chunks(per_sample * LANES))
         .for_each(|(dst, src)| {
@@ -187,7 +187,7 @@ pub(super) fn forward(
     let tiles = g.c_out.div_ceil(TILE);
     // Weights as [tiles][rows][TILE]: a tap's broadcasts read one cache line. Written in
     // order on the thread pool (VGG-16's 9.4 MB weights at each call).
-    let mut packed = par_zeroed(tiles * rows * TILE);
+    let mut packed = Aligned::zeroed(tiles * rows * TILE);
     packed
         .par_chunks_mut(TILE)
         .enumerate()
@@ -234,7 +234,7 @@ fn per_tile(
     let (groups, tiles) = (batch.div_ceil(LANES), channels.div_ceil(TILE));
     let group_len = pixels * TILE * LANES;
     // Tile-major, so a task's groups are one contiguous block.
-    let mut out = par_zeroed(tiles * groups * group_len);
+    let mut out = Aligned::zeroed(tiles * groups * group_len);
     out.par_chunks_mut(groups * group_len)
         .enumerate()
         .flat_map(|(tile, blocks)| {
@@ -253,7 +253,7 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32], order: 
     let tiles = g.c_in.div_ceil(TILE);
     // Weights as [tiles][taps][c_out][TILE]: per output channel, a tap's input channels in one
     // cache line.
-    let mut packed = par_zeroed(tiles * taps * g.c_out * TILE);
+    let mut packed = Aligned::zeroed(tiles * taps * g.c_out * TILE);
     packed
         .par_chunks_mut(TILE)
         .enumerate()

@@ -62,7 +62,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     // gathered straight from the input, as im2col would have copied it.
     let sources = layout.sources(g);
     let plane = g.input[0] * g.input[1];
-    let mut cols_t = super::par_zeroed(g.batch * pixels * stride);
+    let mut cols_t = super::Aligned::zeroed(g.batch * pixels * stride);
     cols_t
         .par_chunks_mut(g.batch * pixels * ROW_TILE)
         .enumerate()
@@ -89,7 +89,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     // The output gradients in the same way, `[c_out / CHANNEL_TILE][batch][pixels]
     // [CHANNEL_TILE]` (zeros past `c_out`): a channel tile's values, one stream.
     let tiles = g.c_out.div_ceil(CHANNEL_TILE);
-    let mut dy_t = vec![0.0f32; tiles * g.batch * pixels * CHANNEL_TILE];
+    let mut dy_t = super::Aligned::zeroed(tiles * g.batch * pixels * CHANNEL_TILE);
     dy_t.par_chunks_exact_mut(g.batch * pixels * CHANNEL_TILE)
         .enumerate()
         .for_each(|(tile, dst)| {

@@ -12,7 +12,7 @@
 
 use super::rows::RowVectors;
 use super::{LANES, pack_input_tiles};
-use crate::kernels::cpu::Conv2dGeometry;
+use crate::kernels::cpu::{Aligned, Conv2dGeometry};
 use rayon::prelude::*;
 
 /// Input channels per register tile of [`input_grad`]: eight channels × one pixel vector,
@@ -42,7 +42,7 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<
     dx.par_chunks_mut(g.input_len())
         .zip(dy.par_chunks(g.output_len()))
         .for_each_init(
-            || vec![0.0f32; border.len(g.c_out)],
+            || Aligned::zeroed(border.len(g.c_out)),
             |bordered, (dx_n, dy_n)| {
                 border.copy(g, dy_n, bordered);
                 #[cfg(target_arch = "x86_64")]

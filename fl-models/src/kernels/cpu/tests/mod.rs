@@ -624,3 +624,15 @@ fn depthwise_and_activation_bits_do_not_depend_on_tier_or_threads() {
         }
     });
 }
+
+#[test]
+fn aligned_buffers_are_zeros_from_a_cache_line() {
+    for len in [0, 1, 17, 1000, 100_000] {
+        let mut a = Aligned::zeroed(len);
+        assert_eq!(a.len(), len);
+        assert!(a.iter().all(|v| v.to_bits() == 0));
+        assert_eq!(a.as_ptr() as usize % 64, 0, "{len} floats");
+        a.iter_mut().for_each(|v| *v = 1.0);
+        assert_eq!(a.iter().sum::<f32>(), len as f32);
+    }
+}
