@@ -190,7 +190,7 @@ pub(crate) fn par_zeroed(len: usize) -> Vec<f32> {
 /// A zeroed scratch buffer whose first float starts a 64-byte cache line, so the kernels' whole
 /// vector loads at multiples of 16 floats never straddle two lines. The allocator aligns to 16
 /// bytes, which split three such loads in four: an Intel core with two FMA ports spends a second
-/// load on each (`fl bench --kernels`: 5–15% on the direct weight gradients).
+/// load on each (`fl bench --kernels`: 5–25% on the direct weight gradients).
 pub(crate) struct Aligned {
     buf: Vec<f32>,
     start: usize,
