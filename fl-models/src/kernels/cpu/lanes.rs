@@ -185,18 +185,9 @@ pub(super) fn forward(
 ) -> Vec<f32> {
     let rows = g.col_rows();
     let tiles = g.c_out.div_ceil(TILE);
-    // Weights as [tiles][rows][TILE]: a tap's broadcasts read one cache line. Written in
-    // order on the thread pool (VGG-16's 9.4 MB weights at each call).
-    let mut packed = Aligned::zeroed(tiles * rows * TILE);
-    packed
-        .par_chunks_mut(TILE)
-        .enumerate()
-        .for_each(|(i, dst)| {
-            let (tile, r) = (i / rows, i % rows);
-            for (t, v) in dst.iter_mut().enumerate().take(g.c_out - tile * TILE) {
-                *v = weight[(tile * TILE + t) * rows + r];
-            }
-        });
+    // Weights as [tiles][rows][TILE]: a tap's broadcasts read one cache line. The output
+    // channels are the "samples" of `to_lanes`, transposed 16 × 16 in registers.
+    let packed = to_lanes(weight, g.c_out, rows, 1, false);
     let mut bias_padded = vec![0.0f32; tiles * TILE];
     if let Some(b) = bias {
         bias_padded[..g.c_out].copy_from_slice(b);
@@ -252,15 +243,21 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32], order: 
     let taps = g.kernel[0] * g.kernel[1];
     let tiles = g.c_in.div_ceil(TILE);
     // Weights as [tiles][taps][c_out][TILE]: per output channel, a tap's input channels in one
-    // cache line.
+    // cache line. A tile per task; per output channel, its tile's taps are one contiguous
+    // `[TILE][taps]` block, transposed in registers (VGG-16's 9.4 MB weights at each call).
     let mut packed = Aligned::zeroed(tiles * taps * g.c_out * TILE);
     packed
-        .par_chunks_mut(TILE)
+        .par_chunks_mut(taps * g.c_out * TILE)
         .enumerate()
-        .for_each(|(i, dst)| {
-            let (tile, tap, o) = (i / (taps * g.c_out), i / g.c_out % taps, i % g.c_out);
-            for (t, v) in dst.iter_mut().enumerate().take(g.c_in - tile * TILE) {
-                *v = weight[(o * g.c_in + tile * TILE + t) * taps + tap];
+        .for_each(|(tile, dst)| {
+            let count = (g.c_in - tile * TILE).min(TILE);
+            for o in 0..g.c_out {
+                let src = &weight[(o * g.c_in + tile * TILE) * taps..][..count * taps];
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as in `to_lanes`; tap `k` goes to vector `k · c_out + o` of `dst`.
+                unsafe {
+                    avx512::to_lanes_group(src, taps, dst, |k| k * g.c_out + o);
+                }
             }
         });
     // Output gradients pixel-major, so a pixel's channels are consecutive vectors.
@@ -336,8 +333,8 @@ pub(super) mod avx512 {
     /// `i` of sample `lane` goes to `dst[at(i) · LANES + lane]`, zeros in the missing lanes.
     ///
     /// # Safety
-    /// AVX-512F; `src.len()` a multiple of `per_sample` of at most 16 samples, and
-    /// `at(i) < per_sample <= dst.len() / LANES` for every `i < per_sample`.
+    /// AVX-512F; `src.len()` a multiple of `per_sample` of at most 16 samples (checked, as is
+    /// `at(i) < dst.len() / LANES` for every `i < per_sample`).
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn to_lanes_group(
         src: &[f32],
@@ -347,7 +344,6 @@ pub(super) mod avx512 {
     ) {
         let count = src.len() / per_sample;
         assert!(count <= LANES && count * per_sample == src.len());
-        assert!(dst.len() >= per_sample * LANES);
         for i0 in (0..per_sample).step_by(16) {
             let len = (per_sample - i0).min(16);
             let mask = first_lanes(len);
@@ -361,8 +357,8 @@ pub(super) mod avx512 {
             transpose(&mut rows);
             for (k, row) in rows.iter().enumerate().take(len) {
                 let to = at(i0 + k);
-                assert!(to < per_sample);
-                // SAFETY: `to < per_sample`, so the vector lies in `dst`.
+                assert!(to < dst.len() / LANES);
+                // SAFETY: `to < dst.len() / LANES`, so the vector lies in `dst`.
                 unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(to * LANES), *row) };
             }
         }
@@ -424,10 +420,25 @@ pub(super) mod avx512 {
         }
     }
 
+    /// Stores `sums` at the [`PART`] × `V` vectors `dst(v) + t · LANES`.
+    ///
+    /// # Safety
+    /// AVX-512F; each `dst(v)` points at `PART · LANES` writable floats.
+    #[inline(always)]
+    unsafe fn store<const V: usize>(dst: &[*mut f32; V], sums: &Sums<V>) {
+        for (t, s) in sums.iter().enumerate() {
+            for (d, s) in dst.iter().zip(s) {
+                // SAFETY: the caller upholds this function's contract.
+                unsafe { _mm512_storeu_ps(d.add(t * LANES), *s) };
+            }
+        }
+    }
+
     /// One channel tile of `V` groups of samples: `out[v][p][t][lane]` for every output pixel
     /// `p`, a half tile ([`PART`] channels) at a time, over the input channels in chunks
     /// whose inputs stay in the L1 cache: each output's chain pauses at a chunk's end (its
-    /// running sums kept in `state`) and resumes at the next, the same chain as without chunks.
+    /// running sums kept in `out` for the direct order, in `state` with the depth block's
+    /// index for gemm's) and resumes at the next, the same chain as without chunks.
     ///
     /// # Safety
     /// AVX-512F; each `x[v]` holds a group's input `[c_in][h][w][LANES]`, `w` the tile's
@@ -452,15 +463,17 @@ pub(super) mod avx512 {
         // Input channels per chunk: the chunk's planes of all `V` groups in about 32 KiB.
         let chunk = (CHUNK_BYTES / (V * h * wd * LANES * 4)).max(1);
         let zero = [[_mm512_setzero_ps(); V]; PART];
-        // Per half tile and pixel: the running sums of the current depth block and its index.
-        let mut state = vec![(zero, 0usize); TILE / PART * oh * ow];
+        // Per half tile and pixel: the running sums of the current depth block and its index
+        // (gemm order; the direct order's one chain pauses in `out` itself).
+        let states = if order.from_bias { 0 } else { oh * ow };
+        let mut state = vec![(zero, 0usize); TILE / PART * states];
         // SAFETY: the asserts bound every access: taps come from `valid_taps`, so every input
         // read lies inside the image.
         unsafe {
             for c0 in (0..g.c_in).step_by(chunk) {
                 let c1 = (c0 + chunk).min(g.c_in);
-                for (half, state) in state.chunks_exact_mut(oh * ow).enumerate() {
-                    let half = half * PART;
+                for half in (0..TILE).step_by(PART) {
+                    let state = &mut state[half / PART * states..][..states];
                     let bias: Sums<V> =
                         std::array::from_fn(|t| [_mm512_set1_ps(bias[half + t]); V]);
                     for oy in 0..oh {
@@ -472,21 +485,24 @@ pub(super) mod avx512 {
                             let dst: [*mut f32; V] = std::array::from_fn(|v| {
                                 out.as_mut_ptr().add((v * oh * ow * TILE + pixel) * LANES)
                             });
-                            let (mut sums, mut block) = state[oy * ow + ox];
-                            if c0 == 0 {
-                                // The output starts at the bias and takes each block's chain
-                                // (gemm), or is one chain from the bias (direct).
-                                let first;
-                                (first, sums) = if order.from_bias {
-                                    (zero, bias)
+                            let (mut sums, mut block) = if order.from_bias {
+                                // One chain from the bias, paused in `out` between chunks.
+                                let sums = if c0 == 0 {
+                                    bias
                                 } else {
-                                    (bias, zero)
+                                    std::array::from_fn(|t| {
+                                        std::array::from_fn(|v| {
+                                            _mm512_loadu_ps(dst[v].add(t * LANES))
+                                        })
+                                    })
                                 };
-                                for (t, f) in first.iter().enumerate() {
-                                    for (d, f) in dst.iter().zip(f) {
-                                        _mm512_storeu_ps(d.add(t * LANES), *f);
-                                    }
-                                }
+                                (sums, 0)
+                            } else {
+                                state[oy * ow + ox]
+                            };
+                            if c0 == 0 && !order.from_bias {
+                                // The output starts at the bias and takes each block's chain.
+                                store(&dst, &bias);
                             }
                             for c in c0..c1 {
                                 for ky in ky_lo..ky_hi {
@@ -515,7 +531,9 @@ pub(super) mod avx512 {
                                     }
                                 }
                             }
-                            if c1 == g.c_in {
+                            if order.from_bias {
+                                store(&dst, &sums);
+                            } else if c1 == g.c_in {
                                 while block < blocks {
                                     add_onto(&dst, &sums);
                                     sums = zero;
