@@ -453,6 +453,32 @@ pub(super) mod avx512 {
         bias: &[f32],
         out: &mut [f32],
     ) {
+        // SAFETY: the same contract.
+        unsafe {
+            if order.from_bias {
+                forward_chains::<V, false>(g, order, x, w, bias, out);
+            } else {
+                forward_chains::<V, true>(g, order, x, w, bias, out);
+            }
+        }
+    }
+
+    /// [`forward_tile`], with the depth-block checks of gemm's order (`BLOCKED`) or without
+    /// them (the direct order's one chain): the inner loop then holds only the multiply-adds
+    /// and two pointer bumps.
+    ///
+    /// # Safety
+    /// As [`forward_tile`], with `BLOCKED == !order.from_bias`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn forward_chains<const V: usize, const BLOCKED: bool>(
+        g: &Conv2dGeometry,
+        order: Order,
+        x: [&[f32]; V],
+        w: &[f32],
+        bias: &[f32],
+        out: &mut [f32],
+    ) {
+        assert_eq!(BLOCKED, !order.from_bias);
         let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
         let rows = g.c_in * kh * kw;
         assert!(x.iter().all(|x| x.len() >= g.c_in * h * wd * LANES));
@@ -504,30 +530,34 @@ pub(super) mod avx512 {
                                 // The output starts at the bias and takes each block's chain.
                                 store(&dst, &bias);
                             }
+                            // The first block that ends after the chain's position.
+                            let mut next = (block + 1) * kc;
+                            let ix0 = ox * g.stride[1] + kx_lo - g.pad_begin[1];
                             for c in c0..c1 {
                                 for ky in ky_lo..ky_hi {
                                     let iy = oy * g.stride[0] + ky - g.pad_begin[0];
-                                    let row = (c * kh + ky) * kw;
-                                    let ix0 = ox * g.stride[1] + kx_lo - g.pad_begin[1];
+                                    let k0 = (c * kh + ky) * kw + kx_lo;
                                     let at = ((c * h + iy) * wd + ix0) * LANES;
-                                    for kx in kx_lo..kx_hi {
-                                        let k = row + kx;
-                                        while k >= (block + 1) * kc {
+                                    let mut xp: [*const f32; V] =
+                                        std::array::from_fn(|v| x[v].as_ptr().add(at));
+                                    let mut wk = w.as_ptr().add(k0 * TILE + half);
+                                    for k in k0..k0 + (kx_hi - kx_lo) {
+                                        while BLOCKED && k >= next {
                                             add_onto(&dst, &sums);
                                             sums = zero;
                                             block += 1;
+                                            next += kc;
                                         }
-                                        let xv: [__m512; V] = std::array::from_fn(|v| {
-                                            let from = x[v].as_ptr().add(at + (kx - kx_lo) * LANES);
-                                            _mm512_loadu_ps(from)
-                                        });
-                                        let wk = w.as_ptr().add(k * TILE + half);
+                                        let xv: [__m512; V] =
+                                            std::array::from_fn(|v| _mm512_loadu_ps(xp[v]));
                                         for (t, s) in sums.iter_mut().enumerate() {
                                             let wt = _mm512_set1_ps(*wk.add(t));
                                             for (s, xv) in s.iter_mut().zip(&xv) {
                                                 *s = _mm512_fmadd_ps(wt, *xv, *s);
                                             }
                                         }
+                                        xp = std::array::from_fn(|v| xp[v].add(LANES));
+                                        wk = wk.add(TILE);
                                     }
                                 }
                             }
