@@ -9,9 +9,11 @@
 //! (a zero output gradient) and 28% of the rest read the zero padding: half the products are
 //! zeros. These kernels compute the same 16 chains per element with the output channels in the
 //! vector instead, visiting only real pixels, then add them with the same tree. A zero product
-//! added to a chain that starts at +0 (and so is never −0) changes no bit (with finite inputs):
-//! the 5×5 kernel also skips the taps that read the padding; the 3×3 kernel reads a zero-padded
-//! copy of the input instead, so that its 9 taps per pixel run without a branch.
+//! added to a chain that starts at +0 (and so is never −0) changes no bit (with finite inputs).
+//! Both kernels read a zero-padded copy of the input, so that a pixel's taps run without a
+//! branch per tap (a check per tap made the 5-wide kernel's loop twice as long as its
+//! multiply-adds: 15–25% slower in `fl bench --kernels` than adding the padding's zeros); the
+//! 5-wide kernel still skips a pixel's kernel row where the whole row reads the padding.
 
 use super::{Aligned, Conv2dGeometry, chunk_bias_grad, sum_over_chunks};
 use crate::kernels::direct::Wide;
@@ -59,17 +61,15 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
             classes[lane.reverse_bits() >> (usize::BITS - LANES.ilog2())].push([oy, ox]);
         }
     }
-    // The 3×3 kernel reads zero-padded copies of the inputs, in the direct kernels' layout.
-    let wide = (g.kernel == [3, 3]).then(|| Wide::new(g));
-    sum_over_chunks(g.batch, |samples| {
-        chunk(g, wide.as_ref(), x, dy, &classes, samples)
-    })
+    // The kernels read zero-padded copies of the inputs, in the direct kernels' layout.
+    let wide = Wide::new(g);
+    sum_over_chunks(g.batch, |samples| chunk(g, &wide, x, dy, &classes, samples))
 }
 
 /// The weight and bias gradients of some consecutive samples.
 fn chunk(
     g: &Conv2dGeometry,
-    wide: Option<&Wide>,
+    wide: &Wide,
     x: &[f32],
     dy: &[f32],
     classes: &[Vec<[usize; 2]>],
@@ -82,18 +82,19 @@ fn chunk(
     let db = chunk_bias_grad(dy, g.c_out, pixels);
     let mut dw = vec![0.0f32; g.c_out * taps];
     let count = samples.len();
-    let tile = if wide.is_some() {
+    let three = g.kernel == [3, 3];
+    let tile = if three {
         CHANNEL_TILE_3X3
     } else {
         CHANNEL_TILE
     };
     let dy_t = class_streams(g, dy, classes, count, tile);
+    let padded = wide.pad_inputs(x, g.input_len(), count);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `applies` checked AVX-512F, a 3×3 or 5-wide kernel and whole channel tiles; the
     // buffers are sized from `g` and `wide` above and below.
     unsafe {
-        if let Some(wide) = wide {
-            let padded = wide.pad_inputs(x, g.input_len(), count);
+        if three {
             // Per class, the padded-input offset of each (sample, pixel) in chain order.
             let wp = wide.padded[1];
             let reads: Vec<Vec<usize>> = classes
@@ -123,8 +124,9 @@ fn chunk(
         } else {
             let args = avx512::Chunk {
                 g,
+                wide,
                 count,
-                x,
+                padded: &padded,
                 dy_t: &dy_t,
                 classes,
             };
@@ -350,24 +352,28 @@ pub(super) mod avx512 {
         }
     }
 
-    /// One chunk of samples: `count` inputs, their output gradients as `class_streams` lays
-    /// them out for 64-channel tiles, and the output pixels of each lane class in tree order.
+    /// One chunk of samples: `count` zero-padded inputs (`wide`'s layout), their output
+    /// gradients as `class_streams` lays them out for 64-channel tiles, and the output pixels
+    /// of each lane class in tree order.
     pub(super) struct Chunk<'a> {
         pub(super) g: &'a Conv2dGeometry,
+        pub(super) wide: &'a Wide,
         pub(super) count: usize,
-        pub(super) x: &'a [f32],
+        pub(super) padded: &'a [f32],
         pub(super) dy_t: &'a [f32],
         pub(super) classes: &'a [Vec<[usize; 2]>],
     }
 
     /// `dw[co0..co0 + 64, (ci, ky, kx)]` for every `kx`: per lane class, a chain over the
-    /// chunk's samples and the class's pixels whose tap reads the image, then the 16 chains
-    /// added by [`LaneTree`].
+    /// chunk's samples and the class's pixels whose kernel row reads the image (the columns
+    /// on the padding add zeros: no branch per tap), then the 16 chains added by
+    /// [`LaneTree`].
     ///
     /// # Safety
-    /// AVX-512F; `KW == g.kernel[1]`; `x` holds `count` samples, `dy_t` their output gradients
-    /// in class streams, `dw` `c_out · c_in·kh·kw` floats, `co0` a multiple of 64 with
-    /// `co0 + 64 <= c_out`, `ci < c_in`, `ky < kh`, and `classes` lists each output pixel once.
+    /// AVX-512F; `KW == g.kernel[1]`; `wide` is `g`'s layout, `padded` holds `count` padded
+    /// inputs of `wide.input_len` floats, `dy_t` their output gradients in class streams, `dw`
+    /// `c_out · c_in·kh·kw` floats, `co0` a multiple of 64 with `co0 + 64 <= c_out`,
+    /// `ci < c_in`, `ky < kh`, and `classes` lists each output pixel once.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn kernel_row<const KW: usize>(
         chunk: &Chunk,
@@ -376,22 +382,28 @@ pub(super) mod avx512 {
     ) {
         let Chunk {
             g,
+            wide,
             count,
-            x,
+            padded,
             dy_t,
             classes,
         } = *chunk;
-        let ([h, w], [ph, pw]) = (g.input, g.pad_begin);
+        let ([h, ph], [hp, wp]) = ([g.input[0], g.pad_begin[0]], wide.padded);
         assert!(KW == g.kernel[1] && co0 + CHANNEL_TILE <= g.c_out && ci < g.c_in);
-        assert!(co0.is_multiple_of(CHANNEL_TILE));
-        assert!(x.len() >= count * g.input_len() && dy_t.len() >= count * g.output_len());
+        assert!(co0.is_multiple_of(CHANNEL_TILE) && ky < g.kernel[0]);
+        assert!(padded.len() >= count * wide.input_len && dy_t.len() >= count * g.output_len());
+        assert!(
+            (ci + 1) * hp * wp <= wide.input_len
+                && [hp, wp] == [g.output[0] + g.kernel[0] - 1, g.output[1] + KW - 1]
+        );
         assert!(
             classes.len() == LANES && classes.iter().map(Vec::len).sum::<usize>() == g.out_plane()
         );
         assert!(dw.len() >= g.c_out * g.col_rows());
-        // SAFETY: the asserts bound every access: taps are checked to lie inside the image,
-        // and the tile's stream is `count·pixels·64` floats from `co0·count·pixels`, within
-        // `count·c_out·pixels`.
+        // SAFETY: the asserts bound every access: pixel `(oy, ox)` reads padded row
+        // `oy + ky < Hp`, columns `ox + kx < Wp`, of channel `ci`'s plane, within the sample's
+        // padded input; the tile's stream is `count·pixels·64` floats from
+        // `co0·count·pixels`, within `count·c_out·pixels`.
         unsafe {
             // This tile's stream, class after class.
             let mut d = dy_t.as_ptr().add(co0 * count * g.out_plane());
@@ -400,21 +412,20 @@ pub(super) mod avx512 {
             for class in classes {
                 let mut acc = zero;
                 for n in 0..count {
-                    let plane = x.as_ptr().add((n * g.c_in + ci) * h * w);
+                    let plane = padded.as_ptr().add(n * wide.input_len + ci * hp * wp);
                     for &[oy, ox] in class {
                         // The stream holds every pixel, also those this kernel row skips.
                         let pixel = d;
                         d = d.add(CHANNEL_TILE);
-                        let Some(iy) = (oy + ky).checked_sub(ph).filter(|&iy| iy < h) else {
+                        let row = oy + ky;
+                        if row < ph || row >= h + ph {
                             continue;
-                        };
+                        }
                         let dv: [__m512; VECTORS] =
                             std::array::from_fn(|v| _mm512_loadu_ps(pixel.add(v * 16)));
+                        let xp = plane.add(row * wp + ox);
                         for kx in 0..KW {
-                            let Some(ix) = (ox + kx).checked_sub(pw).filter(|&ix| ix < w) else {
-                                continue;
-                            };
-                            let xb = _mm512_set1_ps(*plane.add(iy * w + ix));
+                            let xb = _mm512_set1_ps(*xp.add(kx));
                             for (v, a) in acc.iter_mut().enumerate() {
                                 a[kx] = _mm512_fmadd_ps(dv[v], xb, a[kx]);
                             }
