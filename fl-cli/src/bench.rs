@@ -257,6 +257,9 @@ fn measure<M: Classifier>(
     let train_per_s = 3.0 * args.samples as f64 / t.elapsed().as_secs_f64();
 
     let eval_data = data.subset(&(0..args.samples).collect::<Vec<_>>());
+    // Warm-up, as for training (and as the PyTorch comparator does): the first pass at the
+    // evaluation batch size allocates and faults in its buffers.
+    evaluate(&model, &eval_data, norm, 500);
     let t = Instant::now();
     evaluate(&model, &eval_data, norm, 500);
     let eval_per_s = args.samples as f64 / t.elapsed().as_secs_f64();
