@@ -12,7 +12,7 @@
 //! added to a chain that starts at +0 (and so is never −0) changes no bit (with finite inputs).
 //! Both kernels read a zero-padded copy of the input, so that a pixel's taps run without a
 //! branch per tap (a check per tap made the 5-wide kernel's loop twice as long as its
-//! multiply-adds: 15–25% slower in `fl bench --kernels` than adding the padding's zeros); the
+//! multiply-adds: 10–25% slower in `fl bench --kernels` than adding the padding's zeros); the
 //! 5-wide kernel still skips a pixel's kernel row where the whole row reads the padding.
 
 use super::{Aligned, Conv2dGeometry, chunk_bias_grad, sum_over_chunks};
