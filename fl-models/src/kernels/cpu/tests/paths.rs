@@ -196,6 +196,8 @@ fn direct_kernels_by_rows_keep_the_wide_bits() {
         geometry([2, 3, 32, 32], [12, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([3, 6, 14, 14], [20, 5, 5], [1, 1], [(2, 2), (2, 2)]),
         geometry([2, 8, 12, 30], [6, 5, 5], [1, 1], [(2, 2), (1, 3)]),
+        // ResNet-20's 28×28 stage: 6% more vectors by rows, taken at 16 input channels.
+        geometry([2, 16, 28, 28], [16, 3, 3], [1, 1], [(1, 1), (1, 1)]),
     ];
     use crate::kernels::direct;
     let _guard = crate::kernels::isa::test_lock();
