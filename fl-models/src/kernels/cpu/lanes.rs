@@ -434,6 +434,18 @@ pub(super) mod avx512 {
         }
     }
 
+    /// The [`PART`] × `V` vectors at `dst(v) + t · LANES`, as [`store`] writes them.
+    ///
+    /// # Safety
+    /// AVX-512F; each `dst(v)` points at `PART · LANES` readable floats.
+    #[inline(always)]
+    unsafe fn load<const V: usize>(dst: &[*mut f32; V]) -> Sums<V> {
+        // SAFETY: the caller upholds this function's contract.
+        std::array::from_fn(|t| {
+            std::array::from_fn(|v| unsafe { _mm512_loadu_ps(dst[v].add(t * LANES)) })
+        })
+    }
+
     /// One channel tile of `V` groups of samples: `out[v][p][t][lane]` for every output pixel
     /// `p`, a half tile ([`PART`] channels) at a time, over the input channels in chunks
     /// whose inputs stay in the L1 cache: each output's chain pauses at a chunk's end (its
@@ -491,7 +503,7 @@ pub(super) mod avx512 {
         let zero = [[_mm512_setzero_ps(); V]; PART];
         // Per half tile and pixel: the running sums of the current depth block and its index
         // (gemm order; the direct order's one chain pauses in `out` itself).
-        let states = if order.from_bias { 0 } else { oh * ow };
+        let states = if BLOCKED { oh * ow } else { 0 };
         let mut state = vec![(zero, 0usize); TILE / PART * states];
         // SAFETY: the asserts bound every access: taps come from `valid_taps`, so every input
         // read lies inside the image.
@@ -511,22 +523,13 @@ pub(super) mod avx512 {
                             let dst: [*mut f32; V] = std::array::from_fn(|v| {
                                 out.as_mut_ptr().add((v * oh * ow * TILE + pixel) * LANES)
                             });
-                            let (mut sums, mut block) = if order.from_bias {
+                            let (mut sums, mut block) = if !BLOCKED {
                                 // One chain from the bias, paused in `out` between chunks.
-                                let sums = if c0 == 0 {
-                                    bias
-                                } else {
-                                    std::array::from_fn(|t| {
-                                        std::array::from_fn(|v| {
-                                            _mm512_loadu_ps(dst[v].add(t * LANES))
-                                        })
-                                    })
-                                };
-                                (sums, 0)
+                                (if c0 == 0 { bias } else { load(&dst) }, 0)
                             } else {
                                 state[oy * ow + ox]
                             };
-                            if c0 == 0 && !order.from_bias {
+                            if c0 == 0 && BLOCKED {
                                 // The output starts at the bias and takes each block's chain.
                                 store(&dst, &bias);
                             }
@@ -561,7 +564,7 @@ pub(super) mod avx512 {
                                     }
                                 }
                             }
-                            if order.from_bias {
+                            if !BLOCKED {
                                 store(&dst, &sums);
                             } else if c1 == g.c_in {
                                 while block < blocks {
