@@ -343,8 +343,20 @@ fn tune_malloc() {
     }
 }
 
+/// Writing into a closed pipe (`fl bench --kernels | head -1`) ends the process quietly, as it
+/// ends other Unix tools: Rust ignores SIGPIPE, so `println!` would panic instead. A run ended
+/// this way resumes from its last checkpoint; its run directory's lock dies with it.
+fn default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of one signal, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     tune_malloc();
+    default_sigpipe();
     let cli = match parse() {
         Ok(cli) => cli,
         Err(code) => return code,

@@ -235,6 +235,28 @@ fn models_lists_parameter_counts_and_blocks() {
     assert!(text.contains("unit8"), "{text}");
 }
 
+/// Output into a closed pipe (`fl bench --kernels | head -1`) ends `fl` as it ends other Unix
+/// tools, by SIGPIPE, with nothing on stderr: not a panic from `println!`.
+#[test]
+fn a_closed_stdout_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader); // the reader is gone before `fl` prints its first line
+    let o = Command::new(FL)
+        .args(["models", "--dataset", "fashion-mnist"])
+        .stdout(writer)
+        .output()
+        .expect("fl runs");
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {}",
+        o.status,
+        stderr(&o)
+    );
+    assert!(o.stderr.is_empty(), "{}", stderr(&o));
+}
+
 /// FedAvg on the real Fashion-MNIST (Debian's dataset-fashion-mnist, installed by CI) learns.
 #[test]
 fn fedavg_learns_the_real_fashion_mnist() {
