@@ -132,8 +132,9 @@ mod avx512 {
     }
 
     /// Sample `n`'s chain over the pixels for `dw[co0..co0 + 64, (ci, ky, kx)]` and every
-    /// `kx`, in ascending pixel order from +0, skipping the rows that read only padding: stored into `sum` for the chunk's first sample,
-    /// added onto it for the others.
+    /// `kx`, in ascending pixel order from +0 (skipping the output rows whose kernel row reads
+    /// only padding): stored into `sum` for the chunk's first sample, added onto it for the
+    /// others.
     ///
     /// # Safety
     /// AVX-512F; `g.kernel[1] == 5`, stride 1, `wide` is `g`'s layout, `padded` holds `count`
