@@ -35,6 +35,13 @@ pub trait Classifier: Module + Sync + 'static {
         let _ = features;
         None
     }
+
+    /// Logits for evaluation, where nothing is differentiated: [`forward`](Self::forward)'s
+    /// values bit for bit, possibly computed in another order of work (`fl-models`' models run
+    /// their feature-map blocks on cache-sized chunks of the batch).
+    fn infer(&self, images: Tensor<4>) -> Tensor<2> {
+        self.forward(images)
+    }
 }
 
 /// The activation passed from one block to the next: a feature map `[N, C, H, W]` or a flat

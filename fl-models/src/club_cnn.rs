@@ -242,6 +242,10 @@ impl StackedCnn {
 }
 
 impl Classifier for StackedCnn {
+    fn infer(&self, images: Tensor<4>) -> Tensor<2> {
+        crate::common::infer_in_chunks(self, images)
+    }
+
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         let blocks = self.convs.len() + self.fc.len();
         (0..blocks)

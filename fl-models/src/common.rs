@@ -18,6 +18,42 @@ pub(crate) fn run_blocks<M: BlockForward>(
     blocks.fold(x, |x, i| model.forward_block(i, x))
 }
 
+/// Samples per chunk in [`infer_in_chunks`]: the fastest of 16, 32 and 64 on every model's
+/// evaluation at both input shapes (docs/performance.md), and two full vectors of the kernels
+/// across samples.
+const EVAL_CHUNK: usize = 32;
+
+/// [`fl_core::Classifier::infer`] for this crate's models. On the CPU kernels, the blocks whose
+/// outputs are feature maps run on chunks of [`EVAL_CHUNK`] samples one after the other, so a
+/// chunk's maps stay in cache from layer to layer instead of the whole batch's streaming
+/// through memory at every layer (ResNet-20's first maps are 33 MB for the 500-sample
+/// evaluation batch); the blocks after them (pooling and the classifier) run on the whole
+/// batch, as in `forward`. The logits are `forward`'s bit for bit: those kernels compute each
+/// sample alone, in an order that does not depend on the batch (a test checks every model on
+/// every instruction tier). The flat blocks are kept whole because that does not hold for them:
+/// with its classifier block run per chunk, MobileNetV2's evaluation loss after a FedAvg round
+/// changed in the last bits.
+pub(crate) fn infer_in_chunks<M: BlockForward>(model: &M, images: Tensor<4>) -> Tensor<2> {
+    let blocks = model.blocks().len();
+    let maps = model
+        .blocks()
+        .iter()
+        .take_while(|b| b.output_shape.len() == 3)
+        .count();
+    let n = images.dims()[0];
+    if maps == 0 || n <= EVAL_CHUNK || !crate::kernels::chunked_inference(&images) {
+        return model.forward(images);
+    }
+    let chunks = (0..n)
+        .step_by(EVAL_CHUNK)
+        .map(|start| {
+            let chunk = images.clone().narrow(0, start, EVAL_CHUNK.min(n - start));
+            run_blocks(model, 0..maps, Features::Map(chunk)).into_map()
+        })
+        .collect();
+    run_blocks(model, maps..blocks, Features::Map(Tensor::cat(chunks, 0))).into_flat()
+}
+
 /// A square convolution `in → out` with kernel `k`, `stride`, symmetric zero `padding` and
 /// `groups`; `bias` as in the original architecture (false before a BatchNorm).
 #[allow(clippy::too_many_arguments)]

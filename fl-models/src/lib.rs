@@ -41,6 +41,10 @@ macro_rules! classifier_from_parts {
             fn head(&self, features: burn::tensor::Tensor<2>) -> Option<burn::tensor::Tensor<2>> {
                 Some(self.classify(features))
             }
+
+            fn infer(&self, images: burn::tensor::Tensor<4>) -> burn::tensor::Tensor<2> {
+                $crate::common::infer_in_chunks(self, images)
+            }
         }
     };
 }
@@ -365,6 +369,30 @@ mod tests {
                 with_model!(kind, shape, 10, &d, |m| check_shapes(kind, shape, m));
             }
         }
+    }
+
+    /// Evaluation in chunks (`common::infer_in_chunks`) gives `forward`'s logits bit for bit,
+    /// for every model at both input shapes on every kernel tier: 40 samples, one full chunk
+    /// and a partial one (some layers take other kernels for the partial one and for the whole
+    /// batch).
+    #[cfg(feature = "flex")]
+    #[test]
+    fn chunked_evaluation_gives_the_logits_of_forward() {
+        let d = Device::flex();
+        crate::kernels::cpu::tests::at_every_isa(|isa| {
+            for &kind in ModelKind::all() {
+                for shape in [[1, 28, 28], [3, 32, 32]] {
+                    let [c, h, w] = shape;
+                    let x = Tensor::<4>::random([40, c, h, w], Distribution::Default, &d);
+                    let bits = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+                    with_model!(kind, shape, 10, &d, |m| assert_eq!(
+                        bits(m.infer(x.clone())),
+                        bits(m.forward(x)),
+                        "{kind} at {shape:?}, {isa:?}"
+                    ));
+                }
+            }
+        });
     }
 
     /// One SGD step on the autodiff CPU backend changes the weights and keeps them finite.

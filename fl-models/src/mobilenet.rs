@@ -372,6 +372,10 @@ impl MobileNetConfig {
 }
 
 impl Classifier for MobileNet {
+    fn infer(&self, images: Tensor<4>) -> Tensor<2> {
+        crate::common::infer_in_chunks(self, images)
+    }
+
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         (0..self.num_blocks())
             .fold(Features::Map(images), |x, i| self.forward_block(i, x))

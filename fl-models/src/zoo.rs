@@ -110,6 +110,13 @@ impl ZooModel {
 }
 
 impl Classifier for ZooModel {
+    fn infer(&self, images: Tensor<4>) -> Tensor<2> {
+        match self {
+            Self::Stacked(m) => m.infer(images),
+            Self::Mobile(m) => m.infer(images),
+        }
+    }
+
     fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         match self {
             Self::Stacked(m) => m.forward(images),

@@ -624,7 +624,7 @@ pub fn evaluate_on<M: Classifier>(
         .map(|batch| {
             let loss_fn = CrossEntropyLossConfig::new().init(&device);
             let (images, labels) = make_batch(data, norm, batch, &device);
-            let logits = model.forward(images);
+            let logits = model.infer(images);
             let loss = loss_fn
                 .forward(logits.clone(), labels.clone())
                 .into_scalar::<f32>() as f64;

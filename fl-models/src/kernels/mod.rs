@@ -66,11 +66,13 @@ pub enum Kernel {
     /// The optimiser step: [`fl_core::trainer::FusedSgd`]'s and [`fl_core::trainer::FusedAdam`]'s
     /// one parallel pass per parameter (bitwise Burn's `Sgd` and `Adam`).
     Optimizer,
+    /// Evaluation in chunks of the batch, block by block (`common::infer_in_chunks`).
+    EvalChunks,
 }
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 7] = [
+    pub const ALL: [Kernel; 8] = [
         Kernel::Conv,
         Kernel::Depthwise,
         Kernel::MaxPool,
@@ -78,6 +80,7 @@ impl Kernel {
         Kernel::Activation,
         Kernel::Linear,
         Kernel::Optimizer,
+        Kernel::EvalChunks,
     ];
 
     /// The name `fl bench --burn-kernels` takes.
@@ -90,6 +93,7 @@ impl Kernel {
             Kernel::Activation => "activation",
             Kernel::Linear => "linear",
             Kernel::Optimizer => "optimizer",
+            Kernel::EvalChunks => "eval-chunks",
         }
     }
 
@@ -152,6 +156,25 @@ pub fn kernel_enabled(kernel: Kernel) -> bool {
 /// Whether every kernel is on (see [`set_enabled`]); always `false` without the `flex` feature.
 pub fn enabled() -> bool {
     Kernel::ALL.into_iter().all(kernel_enabled)
+}
+
+/// Whether evaluation may run `images`' feature-map blocks in chunks of the batch: on flex, with
+/// chunked evaluation and every kernel family that evaluation runs on (Burn's own convolution
+/// packs the whole batch into one `gemm`, whose sums may depend on its size).
+pub(crate) fn chunked_inference(images: &Tensor<4>) -> bool {
+    #[cfg(feature = "flex")]
+    {
+        use Kernel::*;
+        flex::on_flex(images)
+            && [EvalChunks, Conv, Depthwise, MaxPool, BatchNorm, Activation]
+                .into_iter()
+                .all(kernel_enabled)
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = images;
+        false
+    }
 }
 
 /// 2-D convolution, as [`burn::tensor::module::conv2d`], on the fast kernels where they apply.
