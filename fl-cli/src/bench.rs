@@ -402,10 +402,11 @@ fn peak_rss_mib() -> Option<f64> {
 }
 
 /// The 3×3 and 5×5 stride-1 convolutions of the FedMR CNN, ResNet-20 and VGG-16 on 3×32×32
-/// inputs, one row per distinct shape, and pFedClub's CNN3 and CNN4 layers on the maps where
-/// their kernel paths differ (3×32×32 and 1×28×28 inputs).
+/// inputs, one row per distinct shape, their 1×28×28 maps where the kernel paths differ
+/// (ResNet-20's and VGG-16's 7×7, VGG-16's 3×3 and 1×1), and pFedClub's CNN3 and CNN4 layers
+/// on the maps where their kernel paths differ (3×32×32 and 1×28×28 inputs).
 #[cfg(feature = "flex")]
-const KERNEL_SHAPES: [(&str, [usize; 5]); 20] = [
+const KERNEL_SHAPES: [(&str, [usize; 5]); 22] = [
     ("cnn conv1", [3, 6, 32, 5, 0]),
     ("cnn conv2", [6, 16, 14, 5, 0]),
     ("resnet20 stage 1", [16, 16, 32, 3, 1]),
@@ -418,6 +419,8 @@ const KERNEL_SHAPES: [(&str, [usize; 5]); 20] = [
     ("vgg16 block 3 (1×28×28)", [256, 256, 7, 3, 1]),
     ("vgg16 block 4", [512, 512, 4, 3, 1]),
     ("vgg16 block 5", [512, 512, 2, 3, 1]),
+    ("vgg16 block 4 (1×28×28)", [512, 512, 3, 3, 1]),
+    ("vgg16 block 5 (1×28×28)", [512, 512, 1, 3, 1]),
     ("cnn4 conv5", [64, 128, 8, 3, 1]),
     ("cnn3 conv2 (1×28×28)", [32, 64, 14, 5, 2]),
     ("cnn4 conv2 (1×28×28)", [32, 32, 28, 3, 1]),
