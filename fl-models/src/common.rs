@@ -19,17 +19,17 @@ pub(crate) fn run_blocks<M: BlockForward>(
     blocks.fold(x, |x, i| model.forward_block(i, x))
 }
 
-/// Samples per chunk in [`infer_in_chunks`]: the fastest of 16, 32 and 64 on every model's
-/// evaluation at both input shapes (docs/performance.md), and two full vectors of the kernels
-/// across samples.
+/// Samples per chunk in [`infer_in_chunks`]: of 8, 16, 32 and 64 the fastest overall, on the
+/// whole test set and on single small batches, at both input shapes (docs/performance.md); two
+/// full vectors of the kernels across samples.
 const EVAL_CHUNK: usize = 32;
 
 /// [`fl_core::Classifier::infer`] for this crate's models. On the CPU kernels, the blocks whose
 /// outputs are feature maps run on chunks of [`EVAL_CHUNK`] samples in parallel, each chunk
 /// through all of them as one task, so a chunk's maps stay in a core's caches from layer to
-/// layer instead of the whole batch's streaming through memory at every layer (ResNet-20's first maps are 33 MB for the 500-sample
-/// evaluation batch); the blocks after them (pooling and the classifier) run on the whole
-/// batch, as in `forward`. The logits are `forward`'s bit for bit: those kernels compute each
+/// layer instead of the whole batch's streaming through memory at every layer (ResNet-20's
+/// first maps are 33 MB for the 500-sample evaluation batch); the blocks after them (pooling
+/// and the classifier) run on the whole batch, as in `forward`. The logits are `forward`'s bit for bit: those kernels compute each
 /// sample alone, in an order that does not depend on the batch (a test checks every model on
 /// every instruction tier). The flat blocks are kept whole because that does not hold for them:
 /// with its classifier block run per chunk, MobileNetV2's evaluation loss after a FedAvg round
