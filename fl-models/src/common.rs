@@ -29,15 +29,14 @@ const EVAL_CHUNK: usize = 32;
 /// through all of them as one task, so a chunk's maps stay in a core's caches from layer to
 /// layer instead of the whole batch's streaming through memory at every layer (ResNet-20's
 /// first maps are 33 MB for the 500-sample evaluation batch); the blocks after them (pooling
-/// and the classifier) run on the whole batch, as in `forward`. The logits are `forward`'s bit for bit: those kernels compute each
-/// sample alone, in an order that does not depend on the batch (a test checks every model on
-/// every instruction tier). The flat blocks are kept whole because that does not hold for them:
-/// with its classifier block run per chunk, MobileNetV2's evaluation loss after a FedAvg round
-/// changed in the last bits.
+/// and the classifier) run on the whole batch, as in `forward`. The logits are `forward`'s bit
+/// for bit: those kernels compute each sample alone, in an order that does not depend on the
+/// batch (a test checks every model on every instruction tier). The flat blocks are kept whole
+/// because that does not hold for them: with its classifier block run per chunk, MobileNetV2's
+/// evaluation loss after a FedAvg round changed in the last bits.
 pub(crate) fn infer_in_chunks<M: BlockForward>(model: &M, images: Tensor<4>) -> Tensor<2> {
-    let blocks = model.blocks().len();
-    let maps = model
-        .blocks()
+    let specs = model.blocks();
+    let maps = specs
         .iter()
         .take_while(|b| b.output_shape.len() == 3)
         .count();
@@ -53,7 +52,8 @@ pub(crate) fn infer_in_chunks<M: BlockForward>(model: &M, images: Tensor<4>) -> 
             run_blocks(model, 0..maps, Features::Map(chunk)).into_map()
         })
         .collect();
-    run_blocks(model, maps..blocks, Features::Map(Tensor::cat(chunks, 0))).into_flat()
+    let rest = maps..specs.len();
+    run_blocks(model, rest, Features::Map(Tensor::cat(chunks, 0))).into_flat()
 }
 
 /// A square convolution `in → out` with kernel `k`, `stride`, symmetric zero `padding` and
