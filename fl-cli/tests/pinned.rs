@@ -6,8 +6,10 @@
 //! FL_UPDATE_PINS=1 cargo test -p fl-cli --test pinned
 //! ```
 //!
-//! Floating-point results depend on the CPU's vector instructions (the kernels pick AVX-512,
-//! AVX2 or scalar code at run time), so pins are kept per instruction tier.
+//! Floating-point results may depend on the CPU's vector instructions (the kernels pick AVX-512,
+//! AVX2 or scalar code at run time), so pins are kept per instruction tier. Today every pinned
+//! run gives the same bits on AVX2 as on AVX-512 (the direct convolutions compute the same
+//! chains of sums on both), and a test keeps the two tiers' pins equal.
 
 mod common;
 
@@ -179,5 +181,24 @@ fn every_algorithm_reproduces_its_pinned_outputs() {
         wrong.is_empty(),
         "outputs differ from the pins:\n{}",
         wrong.join("\n")
+    );
+}
+
+/// Every pinned run gives the same bits on AVX2 CPUs as on AVX-512 ones: pins recorded on
+/// either tier must agree. (A change that gives up this agreement on purpose says so here.)
+#[test]
+fn avx2_and_avx512_pins_agree() {
+    let pins: Pins = serde_json::from_str(&std::fs::read_to_string(PINS).unwrap()).unwrap();
+    let (Some(avx2), Some(avx512)) = (pins.get("x86_64-avx2"), pins.get("x86_64-avx512")) else {
+        panic!("pins for both x86-64 tiers are expected");
+    };
+    let differ: Vec<&String> = avx2
+        .keys()
+        .chain(avx512.keys())
+        .filter(|name| avx2.get(*name) != avx512.get(*name))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "AVX2 and AVX-512 pins differ for {differ:?}"
     );
 }

@@ -1,4 +1,4 @@
-//! Direct stride-1 convolution with AVX-512 micro-kernels (no column matrix at all).
+//! Direct stride-1 convolution with AVX-512 or AVX2 micro-kernels (no column matrix at all).
 //!
 //! A stride-1 convolution reads, for kernel tap `k = (ci, ky, kx)`, the input plane shifted by
 //! `ky` rows and `kx` columns. Laid out "wide" (output rows as long as the padded input rows,
@@ -17,8 +17,12 @@
 //!
 //! im2col + gemm builds a column matrix `kh·kw` times the input per sample, twice per training
 //! step (forward and weight gradient); on the small feature maps of the CIFAR models building
-//! it cost more than the multiply-adds. Used on x86-64 CPUs with AVX-512F for maps where the
-//! wide layout wastes little (see [`applies`]); elsewhere the im2col path in `cpu.rs` runs.
+//! it cost more than the multiply-adds. Used on x86-64 CPUs with AVX-512F or with AVX2 and FMA
+//! for maps where the wide layout wastes little (see [`applies`]); elsewhere the im2col path in
+//! `cpu.rs` runs. The kernels are written once over 16-lane vectors
+//! ([`Lanes16`](super::lanes16::Lanes16): one AVX-512 register or two AVX2 ones) and compiled
+//! for each tier with register tiles that fit its register file; every lane's sum is the same
+//! chain on both, so an AVX2 CPU computes these layers to the same bits as an AVX-512 one.
 //! Where each output row's own vectors are fewer than the wide length's (16×16 and 32×32 maps,
 //! 14×14 ones under 5×5 kernels), the forward pass computes those instead (`direct/rows.rs`);
 //! where it computes about as many lanes as the scatter ("same" padding), the input gradient
@@ -32,8 +36,14 @@ mod gather;
 mod rows;
 use rows::forward_rows;
 
-/// Floats per AVX-512 vector: the wide rows are padded to a multiple of it.
+/// Lanes per vector of the kernels ([`Lanes16`](super::lanes16::Lanes16)): the wide rows are
+/// padded to a multiple of it.
 const LANES: usize = 16;
+
+/// Whether the kernels run in AVX-512 registers (else AVX2: `applies` allows no other tier).
+fn avx512() -> bool {
+    super::isa::uses(super::isa::Isa::Avx512)
+}
 
 /// Whether the direct kernels handle `g` on this CPU: stride 1, a kernel larger than 1×1 (1×1
 /// convolutions need no column matrix and stay with plain gemm), and a feature map large enough
@@ -48,7 +58,7 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
             && oh > 0
             && ow > 0
             && 2 * wide_len(g) <= 3 * oh * ow
-            && super::isa::uses(super::isa::Isa::Avx512)
+            && super::isa::uses(super::isa::Isa::Avx2)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -426,16 +436,25 @@ fn forward_wide(args: ForwardArgs, out: &mut [f32]) {
     assert!(packed.len() >= wide.c_out_padded * taps && bias.len() >= wide.c_out_padded);
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: `applies` checked AVX-512F (no Wide is built otherwise); the asserts above and
+        // SAFETY: `applies` checked the tier (no Wide is built otherwise); the asserts above and
         // `Wide::input_len` bound every load and store of the tiles.
         unsafe {
             // Tiles of C channels × P vectors of pixels (then single vectors for the rest of
             // the wide length), the fastest shapes measured on 8×8 to 32×32 maps: 8×3 runs at
-            // 72% of the FMA peak, 6–10% above 8×2.
-            match wide.channel_tile {
-                8 => avx512::forward_tiles::<8, 3>(args, out),
-                6 => avx512::forward_tiles::<6, 4>(args, out),
-                _ => avx512::forward_tiles::<4, 4>(args, out),
+            // 72% of the FMA peak, 6–10% above 8×2. AVX2 has 16 registers of 8 lanes, not 32
+            // of 16: tiles of 4 or 6 channels × one vector.
+            if avx512() {
+                match wide.channel_tile {
+                    8 => tiles::forward_tiles_avx512::<8, 8, 3>(args, out),
+                    6 => tiles::forward_tiles_avx512::<6, 6, 4>(args, out),
+                    _ => tiles::forward_tiles_avx512::<4, 4, 4>(args, out),
+                }
+            } else {
+                match wide.channel_tile {
+                    8 => tiles::forward_tiles_avx2::<8, 4, 1>(args, out),
+                    6 => tiles::forward_tiles_avx2::<6, 6, 1>(args, out),
+                    _ => tiles::forward_tiles_avx2::<4, 4, 1>(args, out),
+                }
             }
         }
     }
@@ -473,16 +492,24 @@ fn scatter_wide(layout: ScatterLayout, wide_dy: &[f32], packed: &[f32], dx: &mut
     );
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: `applies` checked AVX-512F; the asserts above bound every access.
+        // SAFETY: `applies` checked the tier; the asserts above bound every access.
         unsafe {
             // Tiles of C input channels × P vectors of pixels (then single vectors for the
             // rest of the wide length): fewer weight broadcasts per multiply-add the larger P;
             // the sums are the same either way.
             let args = (wide, c_out, c_in_padded, wide_dy, packed);
-            match tile {
-                8 => avx512::scatter_tiles::<8, 3>(args, dx),
-                6 => avx512::scatter_tiles::<6, 4>(args, dx),
-                _ => avx512::scatter_tiles::<4, 4>(args, dx),
+            if avx512() {
+                match tile {
+                    8 => tiles::scatter_tiles_avx512::<8, 8, 3>(args, dx),
+                    6 => tiles::scatter_tiles_avx512::<6, 6, 4>(args, dx),
+                    _ => tiles::scatter_tiles_avx512::<4, 4, 4>(args, dx),
+                }
+            } else {
+                match tile {
+                    8 => tiles::scatter_tiles_avx2::<8, 4, 1>(args, dx),
+                    6 => tiles::scatter_tiles_avx2::<6, 6, 1>(args, dx),
+                    _ => tiles::scatter_tiles_avx2::<4, 4, 1>(args, dx),
+                }
             }
         }
     }
@@ -515,33 +542,41 @@ fn weight_grad_chunk(
     let mut dw = vec![0.0f32; g.c_out * taps];
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: as in `forward_wide`: AVX-512F is present, and the buffers were sized from
+        // SAFETY: as in `forward_wide`: the tier is present, and the buffers were sized from
         // `wide` just above.
         unsafe {
             // Four channels × six taps for tiles of eight too (two per tile): per multiply-add
             // half the loads of the output gradient, which streams from L2 (17% less time in
-            // this kernel on CNN1 and ResNet-20); every sum keeps its order of additions.
-            match wide.channel_tile {
-                6 => avx512::weight_grad::<6, 4>(wide, count, &inputs, &grads, g.c_out, &mut dw),
-                _ => avx512::weight_grad::<4, 6>(wide, count, &inputs, &grads, g.c_out, &mut dw),
+            // this kernel on CNN1 and ResNet-20); every sum keeps its order of additions. AVX2:
+            // two channels × two taps, 8 of its 16 registers for the sums (half the lanes at a
+            // time, 4 × 2 taps in 8-lane registers, measured 5% faster in `fl bench --kernels`:
+            // not worth a second kernel).
+            let args = (wide, count, &inputs[..], &grads[..], g.c_out, &mut dw[..]);
+            let (w, n, x, d, c, dw) = args;
+            match (avx512(), wide.channel_tile) {
+                (true, 6) => tiles::weight_grad_avx512::<6, 4>(w, n, x, d, c, dw),
+                (true, _) => tiles::weight_grad_avx512::<4, 6>(w, n, x, d, c, dw),
+                (false, _) => tiles::weight_grad_avx2::<2, 2>(w, n, x, d, c, dw),
             }
         }
     }
     (dw, db)
 }
 
+/// The kernels, written once over [`Lanes16`](super::lanes16::Lanes16) (the same sums on
+/// every tier) and compiled per tier by the entry points at the end.
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+mod tiles {
     use super::{LANES, Wide};
-    use std::arch::x86_64::*;
+    use crate::kernels::lanes16::Lanes16;
 
     /// [`forward`] over the whole wide length: tiles of `P` vectors, then single vectors for
     /// what is left.
     ///
     /// # Safety
     /// As [`forward`]'s, for any `P`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn forward_tiles<const C: usize, const P: usize>(
+    #[inline(always)]
+    unsafe fn forward_tiles<V: Lanes16, const C: usize, const R: usize, const P: usize>(
         args: (&Wide, &[f32], &[f32], &[f32]),
         out: &mut [f32],
     ) {
@@ -549,20 +584,21 @@ mod avx512 {
         let main = len - len % (P * LANES);
         // SAFETY: the caller upholds this function's contract; both ranges are whole vectors.
         unsafe {
-            forward::<C, P>(args, 0..main, out);
-            forward::<C, 1>(args, main..len, out);
+            forward::<V, C, R, P>(args, 0..main, out);
+            forward::<V, C, R, 1>(args, main..len, out);
         }
     }
 
-    /// Forward tiles of `C` channels × `P` vectors of pixels over the wide positions `pixels`.
+    /// Forward tiles of `R` of a packed block's `C` channels × `P` vectors of pixels over the
+    /// wide positions `pixels`.
     ///
     /// # Safety
-    /// The CPU supports AVX-512F; `C` is `wide.channel_tile`; `pixels` is a range of whole
-    /// vectors (multiples of 16) within `wide.len` whose length is a multiple of `16·P`;
-    /// `input.len() >= wide.input_len`, `out.len() >= c_out_padded · len`, `packed` holds
-    /// `c_out_padded · taps` floats and `bias` `c_out_padded`.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn forward<const C: usize, const P: usize>(
+    /// The CPU supports `V`'s tier; `C` is `wide.channel_tile` and `R` divides it; `pixels` is
+    /// a range of whole vectors (multiples of 16) within `wide.len` whose length is a multiple
+    /// of `16·P`; `input.len() >= wide.input_len`, `out.len() >= c_out_padded · len`, `packed`
+    /// holds `c_out_padded · taps` floats and `bias` `c_out_padded`.
+    #[inline(always)]
+    unsafe fn forward<V: Lanes16, const C: usize, const R: usize, const P: usize>(
         (wide, input, packed, bias): (&Wide, &[f32], &[f32], &[f32]),
         pixels: std::ops::Range<usize>,
         out: &mut [f32],
@@ -572,28 +608,30 @@ mod avx512 {
             let taps = wide.offsets.len();
             let (x, o) = (input.as_ptr(), out.as_mut_ptr());
             for block in 0..wide.c_out_padded / C {
-                let w = packed.as_ptr().add(block * taps * C);
-                for p in pixels.clone().step_by(LANES * P) {
-                    let mut acc = [[_mm512_setzero_ps(); P]; C];
-                    for (c, a) in acc.iter_mut().enumerate() {
-                        *a = [_mm512_set1_ps(bias[block * C + c]); P];
-                    }
-                    for (k, &offset) in wide.offsets.iter().enumerate() {
-                        let src = x.add(offset + p);
-                        let xv: [__m512; P] =
-                            std::array::from_fn(|v| _mm512_loadu_ps(src.add(v * LANES)));
-                        let wk = w.add(k * C);
+                for first in (0..C).step_by(R) {
+                    let w = packed.as_ptr().add(block * taps * C + first);
+                    let channel = block * C + first;
+                    for p in pixels.clone().step_by(LANES * P) {
+                        let mut acc = [[V::zero(); P]; R];
                         for (c, a) in acc.iter_mut().enumerate() {
-                            let wc = _mm512_set1_ps(*wk.add(c));
-                            for v in 0..P {
-                                a[v] = _mm512_fmadd_ps(wc, xv[v], a[v]);
+                            *a = [V::splat(bias[channel + c]); P];
+                        }
+                        for (k, &offset) in wide.offsets.iter().enumerate() {
+                            let src = x.add(offset + p);
+                            let xv: [V; P] = std::array::from_fn(|v| V::load(src.add(v * LANES)));
+                            let wk = w.add(k * C);
+                            for (c, a) in acc.iter_mut().enumerate() {
+                                let wc = V::splat(*wk.add(c));
+                                for v in 0..P {
+                                    a[v] = wc.mul_add(xv[v], a[v]);
+                                }
                             }
                         }
-                    }
-                    for (c, a) in acc.iter().enumerate() {
-                        let dst = o.add((block * C + c) * wide.len + p);
-                        for (v, value) in a.iter().enumerate() {
-                            _mm512_storeu_ps(dst.add(v * LANES), *value);
+                        for (c, a) in acc.iter().enumerate() {
+                            let dst = o.add((channel + c) * wide.len + p);
+                            for (v, value) in a.iter().enumerate() {
+                                value.store(dst.add(v * LANES));
+                            }
                         }
                     }
                 }
@@ -603,12 +641,12 @@ mod avx512 {
 
     /// [`scatter`] over every input-channel block and tap: tiles of `P` vectors of pixels, then
     /// single vectors for the rest of the wide length. Each element of `dx` receives its taps'
-    /// sums in tap order, whatever `P` (so the result is the same for any tile shape).
+    /// sums in tap order, whatever `R` and `P` (so the result is the same for any tile shape).
     ///
     /// # Safety
     /// As [`scatter`]'s, for the whole wide length.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn scatter_tiles<const C: usize, const P: usize>(
+    #[inline(always)]
+    unsafe fn scatter_tiles<V: Lanes16, const C: usize, const R: usize, const P: usize>(
         args: (&Wide, usize, usize, &[f32], &[f32]),
         dx: &mut [f32],
     ) {
@@ -616,29 +654,31 @@ mod avx512 {
         let main = wide.len - wide.len % (P * LANES);
         for block in 0..c_in_padded / C {
             for k in 0..wide.offsets.len() / wide.c_in {
-                // SAFETY: the caller upholds this function's contract; both ranges are whole
-                // vectors within the wide length.
-                unsafe {
-                    scatter::<C, P>(args, (block, k), 0..main, dx);
-                    scatter::<C, 1>(args, (block, k), main..wide.len, dx);
+                for first in (0..C).step_by(R) {
+                    // SAFETY: the caller upholds this function's contract; both ranges are
+                    // whole vectors within the wide length.
+                    unsafe {
+                        scatter::<V, C, R, P>(args, (block, k, first), 0..main, dx);
+                        scatter::<V, C, R, 1>(args, (block, k, first), main..wide.len, dx);
+                    }
                 }
             }
         }
     }
 
-    /// Input-gradient tiles of one block of `C` input channels and one tap: for `16·P` pixels
-    /// of `pixels` at a time, the sum over output channels in registers, then added onto the
-    /// padded input gradient at the tap's offset.
+    /// Input-gradient tiles of `R` input channels (from `first`) of a block of `C` and one
+    /// tap: for `16·P` pixels of `pixels` at a time, the sum over output channels in
+    /// registers, then added onto the padded input gradient at the tap's offset.
     ///
     /// # Safety
-    /// The CPU supports AVX-512F; `pixels` is a range of whole vectors within `wide.len` whose
-    /// length is a multiple of `16·P`; `wide_dy` holds `c_out · len` floats, `packed`
-    /// `c_in_padded · taps · c_out`, and `dx` reaches the last channel's last tap offset plus
-    /// `len`.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn scatter<const C: usize, const P: usize>(
+    /// The CPU supports `V`'s tier; `R` divides `C`; `pixels` is a range of whole vectors
+    /// within `wide.len` whose length is a multiple of `16·P`; `wide_dy` holds `c_out · len`
+    /// floats, `packed` `c_in_padded · taps · c_out`, and `dx` reaches the last channel's last
+    /// tap offset plus `len`.
+    #[inline(always)]
+    unsafe fn scatter<V: Lanes16, const C: usize, const R: usize, const P: usize>(
         (wide, c_out, _, wide_dy, packed): (&Wide, usize, usize, &[f32], &[f32]),
-        (block, k): (usize, usize),
+        (block, k, first): (usize, usize, usize),
         pixels: std::ops::Range<usize>,
         dx: &mut [f32],
     ) {
@@ -648,26 +688,25 @@ mod avx512 {
             let plane = wide.padded[0] * wide.padded[1];
             let offset = wide.offsets[k];
             let (dy, out) = (wide_dy.as_ptr(), dx.as_mut_ptr());
-            let w = packed.as_ptr().add((block * taps + k) * c_out * C);
+            let w = packed.as_ptr().add((block * taps + k) * c_out * C + first);
             for p in pixels.step_by(LANES * P) {
-                let mut acc = [[_mm512_setzero_ps(); P]; C];
+                let mut acc = [[V::zero(); P]; R];
                 for co in 0..c_out {
                     let src = dy.add(co * wide.len + p);
-                    let d: [__m512; P] =
-                        std::array::from_fn(|v| _mm512_loadu_ps(src.add(v * LANES)));
+                    let d: [V; P] = std::array::from_fn(|v| V::load(src.add(v * LANES)));
                     let wc = w.add(co * C);
                     for (c, a) in acc.iter_mut().enumerate() {
-                        let weight = _mm512_set1_ps(*wc.add(c));
+                        let weight = V::splat(*wc.add(c));
                         for v in 0..P {
-                            a[v] = _mm512_fmadd_ps(weight, d[v], a[v]);
+                            a[v] = weight.mul_add(d[v], a[v]);
                         }
                     }
                 }
                 for (c, a) in acc.iter().enumerate() {
-                    let dst = out.add((block * C + c) * plane + offset + p);
+                    let dst = out.add((block * C + first + c) * plane + offset + p);
                     for (v, sum) in a.iter().enumerate() {
                         let at = dst.add(v * LANES);
-                        _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), *sum));
+                        V::load(at).add(*sum).store(at);
                     }
                 }
             }
@@ -678,11 +717,11 @@ mod avx512 {
     /// samples (in order), then reduced to `dw[co, k]`.
     ///
     /// # Safety
-    /// The CPU supports AVX-512F; `inputs` holds `count` padded inputs of `wide.input_len`
-    /// floats, `grads` `count` wide gradients of `c_out_padded · len` floats, and `dw`
-    /// `c_out · taps` floats.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn weight_grad<const C: usize, const T: usize>(
+    /// The CPU supports `V`'s tier; `C` divides `wide.c_out_padded`; `inputs` holds `count`
+    /// padded inputs of `wide.input_len` floats, `grads` `count` wide gradients of
+    /// `c_out_padded · len` floats, and `dw` `c_out · taps` floats.
+    #[inline(always)]
+    unsafe fn weight_grad<V: Lanes16, const C: usize, const T: usize>(
         wide: &Wide,
         count: usize,
         inputs: &[f32],
@@ -695,23 +734,23 @@ mod avx512 {
             let taps = wide.offsets.len();
             let grad_len = wide.c_out_padded * wide.len;
             assert!(inputs.len() >= count * wide.input_len && grads.len() >= count * grad_len);
-            assert!(dw.len() >= c_out * taps);
+            assert!(dw.len() >= c_out * taps && wide.c_out_padded.is_multiple_of(C));
             for block in 0..wide.c_out_padded / C {
                 for k0 in (0..taps).step_by(T) {
                     // Taps past the end repeat the last one; their sums are dropped.
                     let offsets: [usize; T] =
                         std::array::from_fn(|t| wide.offsets[(k0 + t).min(taps - 1)]);
-                    let mut acc = [[_mm512_setzero_ps(); T]; C];
+                    let mut acc = [[V::zero(); T]; C];
                     for n in 0..count {
                         let x = inputs.as_ptr().add(n * wide.input_len);
                         let dy = grads.as_ptr().add(n * grad_len + block * C * wide.len);
                         for p in (0..wide.len).step_by(LANES) {
-                            let d: [__m512; C] =
-                                std::array::from_fn(|c| _mm512_loadu_ps(dy.add(c * wide.len + p)));
+                            let d: [V; C] =
+                                std::array::from_fn(|c| V::load(dy.add(c * wide.len + p)));
                             for (t, &offset) in offsets.iter().enumerate() {
-                                let xv = _mm512_loadu_ps(x.add(offset + p));
+                                let xv = V::load(x.add(offset + p));
                                 for c in 0..C {
-                                    acc[c][t] = _mm512_fmadd_ps(d[c], xv, acc[c][t]);
+                                    acc[c][t] = d[c].mul_add(xv, acc[c][t]);
                                 }
                             }
                         }
@@ -723,12 +762,38 @@ mod avx512 {
                         }
                         for (t, v) in row.iter().enumerate() {
                             if k0 + t < taps {
-                                dw[co * taps + k0 + t] = _mm512_reduce_add_ps(*v);
+                                dw[co * taps + k0 + t] = v.reduce_add();
                             }
                         }
                     }
                 }
             }
         }
+    }
+
+    crate::kernels::lanes16::tier_entries! {
+        forward_tiles_avx512, forward_tiles_avx2 =>
+            forward_tiles<const C, const R, const P>(
+                args: (&Wide, &[f32], &[f32], &[f32]),
+                out: &mut [f32],
+            )
+    }
+    crate::kernels::lanes16::tier_entries! {
+        scatter_tiles_avx512, scatter_tiles_avx2 =>
+            scatter_tiles<const C, const R, const P>(
+                args: (&Wide, usize, usize, &[f32], &[f32]),
+                dx: &mut [f32],
+            )
+    }
+    crate::kernels::lanes16::tier_entries! {
+        weight_grad_avx512, weight_grad_avx2 =>
+            weight_grad<const C, const T>(
+                wide: &Wide,
+                count: usize,
+                inputs: &[f32],
+                grads: &[f32],
+                c_out: usize,
+                dw: &mut [f32],
+            )
     }
 }

@@ -10,9 +10,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub enum Isa {
     /// The target's baseline (SSE2 on x86-64): the portable fallback.
     Baseline,
-    /// AVX2: the im2col / col2im copy loops in 256-bit registers.
+    /// AVX2 with FMA: the direct stride-1 convolutions in pairs of 256-bit registers (the same
+    /// sums as on AVX-512), and the im2col / col2im copy loops.
     Avx2,
-    /// AVX-512F: the direct stride-1 convolutions and the 2×2 max-pool backward pass.
+    /// AVX-512F: the direct stride-1 convolutions in 512-bit registers, the kernels across
+    /// samples, the small-map weight gradients and the 2×2 max-pool backward pass.
     Avx512,
 }
 
@@ -34,7 +36,7 @@ impl Isa {
             if std::is_x86_feature_detected!("avx512f") {
                 return Self::Avx512;
             }
-            if std::is_x86_feature_detected!("avx2") {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                 return Self::Avx2;
             }
         }

@@ -3,8 +3,8 @@
 //!
 //! On the flex backend (feature `flex`, on by default) 2-D convolutions with groups 1 and
 //! dilation 1, unpadded max-pooling and training-mode batch normalisation run hand-written
-//! kernels: direct stride-1 convolutions with AVX-512 register tiles where the CPU has
-//! AVX-512F, im2col + gemm per sample straight in NCHW layout otherwise (flex's own convolution
+//! kernels: direct stride-1 convolutions with AVX-512 or AVX2 register tiles where the CPU has
+//! AVX-512F or AVX2 with FMA, im2col + gemm per sample straight in NCHW layout otherwise (flex's own convolution
 //! converts to channels-last and packs the batch, and computes the weight gradient as a
 //! convolution with the whole feature map as its kernel), a direct max-pool whose backward pass
 //! recomputes the window maxima instead of keeping an index tensor, and a per-channel two-pass
@@ -33,6 +33,8 @@ mod flex_linear;
 #[cfg(feature = "flex")]
 mod flex_mobile;
 pub(crate) mod isa;
+#[cfg(feature = "flex")]
+mod lanes16;
 #[cfg(feature = "flex")]
 pub mod roofline;
 

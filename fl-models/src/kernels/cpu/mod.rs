@@ -1,7 +1,7 @@
 //! The CPU kernels themselves, on plain `f32` slices in NCHW layout.
 //!
-//! Stride-1 convolutions go to the direct AVX-512 kernels of `direct.rs` where the CPU has
-//! AVX-512F (and [`super::isa`] allows it). Every other convolution is im2col + one gemm per
+//! Stride-1 convolutions go to the direct kernels of `direct.rs` where the CPU has AVX-512F or
+//! AVX2 with FMA (and [`super::isa`] allows it). Every other convolution is im2col + one gemm per
 //! sample (per few samples on small maps, [`Conv2dGeometry::group`]), written straight into (or
 //! read straight from) the NCHW tensor, so nothing is converted to channels-last and no
 //! batch-sized column matrix is ever built. Samples run in parallel on the rayon pool; the weight gradient sums fixed chunks of

@@ -7,7 +7,7 @@ use super::{Conv2dGeometry, direct_wgrad, lanes, narrow, sample_wgrad, single_pi
 pub(super) enum PassPath {
     /// Vectorised across samples (`lanes.rs`), in the order of the path it replaces.
     AcrossSamples(lanes::Order),
-    /// The direct AVX-512 kernels (`direct.rs`).
+    /// The direct kernels (`direct.rs`, AVX-512 or AVX2).
     Direct,
     /// im2col + gemm.
     Im2col,
@@ -40,7 +40,7 @@ impl PassPath {
 pub(super) enum WeightGradPath {
     /// The direct kernels' sums without their zero products (`direct_wgrad.rs`).
     DirectWithoutZeros,
-    /// The direct AVX-512 kernels.
+    /// The direct kernels (AVX-512 or AVX2).
     Direct,
     /// The small-map kernel (`narrow.rs`), in gemm's order.
     SmallMap,

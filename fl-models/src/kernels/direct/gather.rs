@@ -46,11 +46,17 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<
             |bordered, (dx_n, dy_n)| {
                 border.copy(g, dy_n, bordered);
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `direct::applies` checked AVX-512F; the kernel asserts the buffers'
+                // SAFETY: `direct::applies` checked the tier; the kernel asserts the buffers'
                 // lengths.
                 unsafe {
                     let args = (g, &border, &bordered[..], &packed[..]);
-                    avx512::gather::<INPUT_TILE>(args, &vectors, dx_n)
+                    // AVX2: four channels at a time (8 of its 16 registers for the chains; the
+                    // running totals wait in memory between taps).
+                    if super::avx512() {
+                        tiles::gather_avx512::<INPUT_TILE, INPUT_TILE>(args, &vectors, dx_n)
+                    } else {
+                        tiles::gather_avx2::<INPUT_TILE, 4>(args, &vectors, dx_n)
+                    }
                 };
                 #[cfg(not(target_arch = "x86_64"))]
                 unreachable!("direct convolution is only used on x86-64");
@@ -114,20 +120,21 @@ impl Border {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+mod tiles {
     use super::{Border, Conv2dGeometry, LANES, RowVectors};
-    use std::arch::x86_64::*;
+    use crate::kernels::lanes16::Lanes16;
 
-    /// [`input_grad`](super::input_grad) for one sample, every input-channel tile of
-    /// `C` and pixel vector: per tap a chain over the output channels from +0, added onto a
-    /// running total from +0, then stored masked to the vector's pixels into `dx` `[c_in, h, w]`.
+    /// [`input_grad`](super::input_grad) for one sample, every input-channel tile of `C`
+    /// (`R` channels at a time) and pixel vector: per tap a chain over the output channels
+    /// from +0, added onto a running total from +0, then stored masked to the vector's pixels
+    /// into `dx` `[c_in, h, w]`.
     ///
     /// # Safety
-    /// The CPU supports AVX-512F; `packed` is the weights as `input_grad` packs them for
-    /// tiles of `C`, `bordered` one sample's output gradient as `border` lays it out, and
-    /// `vectors` `border`'s input vectors of `g`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn gather<const C: usize>(
+    /// The CPU supports `V`'s tier; `R` divides `C`; `packed` is the weights as `input_grad`
+    /// packs them for tiles of `C`, `bordered` one sample's output gradient as `border` lays it
+    /// out, and `vectors` `border`'s input vectors of `g`.
+    #[inline(always)]
+    unsafe fn gather<V: Lanes16, const C: usize, const R: usize>(
         (g, border, bordered, packed): (&Conv2dGeometry, &Border, &[f32], &[f32]),
         vectors: &RowVectors,
         dx: &mut [f32],
@@ -151,30 +158,45 @@ mod avx512 {
         unsafe {
             let (d, out) = (bordered.as_ptr(), dx.as_mut_ptr());
             for block in 0..c_in_padded / C {
-                let live = (g.c_in - block * C).min(C);
-                for (i, &read) in vectors.starts.iter().enumerate() {
-                    let mut total = [_mm512_setzero_ps(); C];
-                    for k in 0..taps {
-                        let src = d.add(read - (k / kw * border.stride + k % kw));
-                        let wk = packed.as_ptr().add((block * taps + k) * c_out * C);
-                        let mut acc = [_mm512_setzero_ps(); C];
-                        for co in 0..c_out {
-                            let dv = _mm512_loadu_ps(src.add(co * border.plane));
-                            let wc = wk.add(co * C);
-                            for (c, a) in acc.iter_mut().enumerate() {
-                                *a = _mm512_fmadd_ps(_mm512_set1_ps(*wc.add(c)), dv, *a);
+                for first in (0..C).step_by(R) {
+                    let channel = block * C + first;
+                    if channel >= g.c_in {
+                        break;
+                    }
+                    let live = (g.c_in - channel).min(R);
+                    for (i, &read) in vectors.starts.iter().enumerate() {
+                        let mut total = [V::zero(); R];
+                        for k in 0..taps {
+                            let src = d.add(read - (k / kw * border.stride + k % kw));
+                            let wk = packed.as_ptr().add((block * taps + k) * c_out * C + first);
+                            let mut acc = [V::zero(); R];
+                            for co in 0..c_out {
+                                let dv = V::load(src.add(co * border.plane));
+                                let wc = wk.add(co * C);
+                                for (c, a) in acc.iter_mut().enumerate() {
+                                    *a = V::splat(*wc.add(c)).mul_add(dv, *a);
+                                }
+                            }
+                            for (t, a) in total.iter_mut().zip(&acc) {
+                                *t = t.add(*a);
                             }
                         }
-                        for (t, a) in total.iter_mut().zip(&acc) {
-                            *t = _mm512_add_ps(*t, *a);
+                        let (at, mask) = (vectors.dest[i], vectors.masks[i]);
+                        for (c, sum) in total.iter().enumerate().take(live) {
+                            sum.store_masked(out.add((channel + c) * h * w + at), mask);
                         }
-                    }
-                    let (at, mask) = (vectors.dest[i], vectors.masks[i]);
-                    for (c, sum) in total.iter().enumerate().take(live) {
-                        _mm512_mask_storeu_ps(out.add((block * C + c) * h * w + at), mask, *sum);
                     }
                 }
             }
         }
+    }
+
+    crate::kernels::lanes16::tier_entries! {
+        gather_avx512, gather_avx2 =>
+            gather<const C, const R>(
+                args: (&Conv2dGeometry, &Border, &[f32], &[f32]),
+                vectors: &RowVectors,
+                dx: &mut [f32],
+            )
     }
 }

@@ -61,10 +61,19 @@ pub(super) fn forward_rows(args: ForwardArgs, rows: &RowVectors, c_out: usize, o
         // SAFETY: as in `forward_wide`; `Wide::reach` bounds the vectors' loads, and the stores
         // are masked to each row and to the `c_out` channels.
         unsafe {
-            match wide.channel_tile {
-                8 => avx512::forward_rows::<8, 3>(args, rows, c_out, out),
-                6 => avx512::forward_rows::<6, 4>(args, rows, c_out, out),
-                _ => avx512::forward_rows::<4, 4>(args, rows, c_out, out),
+            // The tiles of `forward_wide`, on either tier.
+            if super::avx512() {
+                match wide.channel_tile {
+                    8 => tiles::forward_rows_avx512::<8, 8, 3>(args, rows, c_out, out),
+                    6 => tiles::forward_rows_avx512::<6, 6, 4>(args, rows, c_out, out),
+                    _ => tiles::forward_rows_avx512::<4, 4, 4>(args, rows, c_out, out),
+                }
+            } else {
+                match wide.channel_tile {
+                    8 => tiles::forward_rows_avx2::<8, 4, 1>(args, rows, c_out, out),
+                    6 => tiles::forward_rows_avx2::<6, 6, 1>(args, rows, c_out, out),
+                    _ => tiles::forward_rows_avx2::<4, 4, 1>(args, rows, c_out, out),
+                }
             }
         }
     }
@@ -73,20 +82,21 @@ pub(super) fn forward_rows(args: ForwardArgs, rows: &RowVectors, c_out: usize, o
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+mod tiles {
     use super::{RowVectors, Wide};
-    use std::arch::x86_64::*;
+    use crate::kernels::lanes16::Lanes16;
 
-    /// The wide kernels' sums (`direct.rs`' `avx512::forward`) by [`RowVectors`]: tiles of `C`
-    /// channels × `P` row vectors (then single vectors), stored masked to each row into `out`
-    /// `[c_out, oh, ow]`.
+    /// The wide kernels' sums (`direct.rs`' `tiles::forward`) by [`RowVectors`]: tiles of `R`
+    /// of a packed block's `C` channels × `P` row vectors (then single vectors), stored masked
+    /// to each row into `out` `[c_out, oh, ow]`.
     ///
     /// # Safety
-    /// The CPU supports AVX-512F; `C` is `wide.channel_tile` and `c_out` rounds up to
-    /// `wide.c_out_padded`; `rows` is `wide`'s; `input.len() >= wide.input_len`, `out` holds
-    /// `c_out · oh · ow` floats, `packed` `c_out_padded · taps` and `bias` `c_out_padded`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn forward_rows<const C: usize, const P: usize>(
+    /// The CPU supports `V`'s tier; `C` is `wide.channel_tile`, `R` divides it, and `c_out`
+    /// rounds up to `wide.c_out_padded`; `rows` is `wide`'s; `input.len() >= wide.input_len`,
+    /// `out` holds `c_out · oh · ow` floats, `packed` `c_out_padded · taps` and `bias`
+    /// `c_out_padded`.
+    #[inline(always)]
+    unsafe fn forward_rows<V: Lanes16, const C: usize, const R: usize, const P: usize>(
         args: (&Wide, &[f32], &[f32], &[f32]),
         rows: &RowVectors,
         c_out: usize,
@@ -96,8 +106,8 @@ mod avx512 {
         let main = count - count % P;
         // SAFETY: the caller upholds this function's contract.
         unsafe {
-            forward_row_tiles::<C, P>(args, rows, 0..main, c_out, out);
-            forward_row_tiles::<C, 1>(args, rows, main..count, c_out, out);
+            forward_row_tiles::<V, C, R, P>(args, rows, 0..main, c_out, out);
+            forward_row_tiles::<V, C, R, 1>(args, rows, main..count, c_out, out);
         }
     }
 
@@ -105,8 +115,8 @@ mod avx512 {
     ///
     /// # Safety
     /// As [`forward_rows`]'s.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn forward_row_tiles<const C: usize, const P: usize>(
+    #[inline(always)]
+    unsafe fn forward_row_tiles<V: Lanes16, const C: usize, const R: usize, const P: usize>(
         (wide, input, packed, bias): (&Wide, &[f32], &[f32], &[f32]),
         rows: &RowVectors,
         vectors: std::ops::Range<usize>,
@@ -119,35 +129,50 @@ mod avx512 {
             let plane = wide.output[0] * wide.output[1];
             let (x, o) = (input.as_ptr(), out.as_mut_ptr());
             for block in 0..wide.c_out_padded / C {
-                let w = packed.as_ptr().add(block * taps * C);
-                let live = (c_out - block * C).min(C);
-                for i in vectors.clone().step_by(P) {
-                    let starts: [usize; P] = std::array::from_fn(|v| rows.starts[i + v]);
-                    let mut acc = [[_mm512_setzero_ps(); P]; C];
-                    for (c, a) in acc.iter_mut().enumerate() {
-                        *a = [_mm512_set1_ps(bias[block * C + c]); P];
+                for first in (0..C).step_by(R) {
+                    let channel = block * C + first;
+                    if channel >= c_out {
+                        break;
                     }
-                    for (k, &offset) in wide.offsets.iter().enumerate() {
-                        let src = x.add(offset);
-                        let xv: [__m512; P] =
-                            std::array::from_fn(|v| _mm512_loadu_ps(src.add(starts[v])));
-                        let wk = w.add(k * C);
+                    let w = packed.as_ptr().add(block * taps * C + first);
+                    let live = (c_out - channel).min(R);
+                    for i in vectors.clone().step_by(P) {
+                        let starts: [usize; P] = std::array::from_fn(|v| rows.starts[i + v]);
+                        let mut acc = [[V::zero(); P]; R];
                         for (c, a) in acc.iter_mut().enumerate() {
-                            let wc = _mm512_set1_ps(*wk.add(c));
-                            for v in 0..P {
-                                a[v] = _mm512_fmadd_ps(wc, xv[v], a[v]);
+                            *a = [V::splat(bias[channel + c]); P];
+                        }
+                        for (k, &offset) in wide.offsets.iter().enumerate() {
+                            let src = x.add(offset);
+                            let xv: [V; P] = std::array::from_fn(|v| V::load(src.add(starts[v])));
+                            let wk = w.add(k * C);
+                            for (c, a) in acc.iter_mut().enumerate() {
+                                let wc = V::splat(*wk.add(c));
+                                for v in 0..P {
+                                    a[v] = wc.mul_add(xv[v], a[v]);
+                                }
                             }
                         }
-                    }
-                    for (c, a) in acc.iter().enumerate().take(live) {
-                        let dst = o.add((block * C + c) * plane);
-                        for (v, value) in a.iter().enumerate() {
-                            let (at, mask) = (rows.dest[i + v], rows.masks[i + v]);
-                            _mm512_mask_storeu_ps(dst.add(at), mask, *value);
+                        for (c, a) in acc.iter().enumerate().take(live) {
+                            let dst = o.add((channel + c) * plane);
+                            for (v, value) in a.iter().enumerate() {
+                                let (at, mask) = (rows.dest[i + v], rows.masks[i + v]);
+                                value.store_masked(dst.add(at), mask);
+                            }
                         }
                     }
                 }
             }
         }
+    }
+
+    crate::kernels::lanes16::tier_entries! {
+        forward_rows_avx512, forward_rows_avx2 =>
+            forward_rows<const C, const R, const P>(
+                args: (&Wide, &[f32], &[f32], &[f32]),
+                rows: &RowVectors,
+                c_out: usize,
+                out: &mut [f32],
+            )
     }
 }

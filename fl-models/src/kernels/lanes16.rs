@@ -1,0 +1,240 @@
+//! Sixteen `f32` lanes, the unit the direct kernels compute in: one AVX-512 register, or two
+//! AVX2 registers side by side.
+//!
+//! Every operation is lane-wise (a fused multiply-add per lane, an addition per lane) except
+//! [`Lanes16::reduce_add`], which adds the lanes by the same tree on both tiers (`l` with `l + 8`,
+//! then `+ 4`, `+ 2`, `+ 1`, as `_mm512_reduce_add_ps`). So a kernel written once over
+//! [`Lanes16`] computes the same sums in the same order on either tier: its results are the same
+//! bits on an AVX2 CPU as on an AVX-512 one (a test compares the AVX2 kernels with scalar chains
+//! in that order). The methods are `#[inline(always)]` and carry no target features of their
+//! own: they are compiled into the kernel that calls them, which enables its tier's features.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Sixteen `f32` lanes in registers.
+///
+/// # Safety
+/// Every method needs the CPU features of the implementing tier, and pointers valid for the
+/// sixteen floats (or, for [`Lanes16::store_masked`], the masked ones) it reads or writes.
+pub(crate) trait Lanes16: Copy {
+    /// All lanes `+0`.
+    unsafe fn zero() -> Self;
+    /// All lanes `v`.
+    unsafe fn splat(v: f32) -> Self;
+    /// Sixteen floats from `p` (unaligned).
+    unsafe fn load(p: *const f32) -> Self;
+    /// Sixteen floats to `p` (unaligned).
+    unsafe fn store(self, p: *mut f32);
+    /// The lanes whose bit is set in `mask` (bit `l` for lane `l`) to `p + l`.
+    unsafe fn store_masked(self, p: *mut f32, mask: u16);
+    /// `self · b + c` per lane, rounded once.
+    unsafe fn mul_add(self, b: Self, c: Self) -> Self;
+    /// `self + b` per lane.
+    unsafe fn add(self, b: Self) -> Self;
+    /// The sum of the lanes: `l` with `l + 8`, then `+ 4`, `+ 2`, `+ 1`.
+    unsafe fn reduce_add(self) -> f32;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes16 for __m512 {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        unsafe { _mm512_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe { _mm512_storeu_ps(p, self) }
+    }
+    #[inline(always)]
+    unsafe fn store_masked(self, p: *mut f32, mask: u16) {
+        unsafe { _mm512_mask_storeu_ps(p, mask, self) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(self, b: Self, c: Self) -> Self {
+        unsafe { _mm512_fmadd_ps(self, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn add(self, b: Self) -> Self {
+        unsafe { _mm512_add_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn reduce_add(self) -> f32 {
+        unsafe { _mm512_reduce_add_ps(self) }
+    }
+}
+
+/// Sixteen lanes as two AVX2 registers: lanes 0–7, then 8–15.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Avx2x2(__m256, __m256);
+
+#[cfg(target_arch = "x86_64")]
+impl Avx2x2 {
+    /// The AVX mask of the eight lanes of `bits` (bit `l` for lane `l`).
+    #[inline(always)]
+    unsafe fn mask(bits: u8) -> __m256i {
+        unsafe {
+            let select = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+            let set = _mm256_and_si256(_mm256_set1_epi32(bits as i32), select);
+            _mm256_cmpeq_epi32(set, select)
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes16 for Avx2x2 {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        unsafe { Avx2x2(_mm256_setzero_ps(), _mm256_setzero_ps()) }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        unsafe {
+            let v = _mm256_set1_ps(v);
+            Avx2x2(v, v)
+        }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        unsafe { Avx2x2(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe {
+            _mm256_storeu_ps(p, self.0);
+            _mm256_storeu_ps(p.add(8), self.1);
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_masked(self, p: *mut f32, mask: u16) {
+        unsafe {
+            let (low, high) = (mask as u8, (mask >> 8) as u8);
+            match low {
+                0 => {}
+                0xff => _mm256_storeu_ps(p, self.0),
+                _ => _mm256_maskstore_ps(p, Self::mask(low), self.0),
+            }
+            match high {
+                0 => {}
+                0xff => _mm256_storeu_ps(p.add(8), self.1),
+                _ => _mm256_maskstore_ps(p.add(8), Self::mask(high), self.1),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(self, b: Self, c: Self) -> Self {
+        unsafe {
+            Avx2x2(
+                _mm256_fmadd_ps(self.0, b.0, c.0),
+                _mm256_fmadd_ps(self.1, b.1, c.1),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn add(self, b: Self) -> Self {
+        unsafe { Avx2x2(_mm256_add_ps(self.0, b.0), _mm256_add_ps(self.1, b.1)) }
+    }
+    #[inline(always)]
+    unsafe fn reduce_add(self) -> f32 {
+        unsafe {
+            // l + 8, then l + 4, l + 2 and l + 1: `_mm512_reduce_add_ps`'s tree.
+            let eight = _mm256_add_ps(self.0, self.1);
+            let four = _mm_add_ps(
+                _mm256_castps256_ps128(eight),
+                _mm256_extractf128_ps::<1>(eight),
+            );
+            let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+            _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)))
+        }
+    }
+}
+
+/// The two entry points of a kernel written over [`Lanes16`]: `$avx512` compiles it with
+/// AVX-512F and `__m512` lanes, `$avx2` with AVX2 and FMA and [`Avx2x2`] lanes (the kernel and
+/// the lane methods are `#[inline(always)]`, so both are compiled into the entry point with its
+/// tier's instructions). Each entry point's safety contract is the kernel's, plus the tier.
+macro_rules! tier_entries {
+    ($avx512:ident, $avx2:ident =>
+        $kernel:ident<$(const $c:ident),*>($($arg:ident: $ty:ty),* $(,)?)) => {
+        /// The kernel of the same name, with AVX-512F.
+        ///
+        /// # Safety
+        /// The CPU supports AVX-512F; the kernel's contract holds.
+        #[target_feature(enable = "avx512f")]
+        pub(super) unsafe fn $avx512<$(const $c: usize),*>($($arg: $ty),*) {
+            // SAFETY: the caller upholds the contract.
+            unsafe { $kernel::<std::arch::x86_64::__m512, $($c),*>($($arg),*) }
+        }
+        /// The kernel of the same name, with AVX2 and FMA.
+        ///
+        /// # Safety
+        /// The CPU supports AVX2 and FMA; the kernel's contract holds.
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe fn $avx2<$(const $c: usize),*>($($arg: $ty),*) {
+            // SAFETY: the caller upholds the contract.
+            unsafe { $kernel::<$crate::kernels::lanes16::Avx2x2, $($c),*>($($arg),*) }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use tier_entries;
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2_reduce(v: &[f32; 16]) -> f32 {
+        // SAFETY: the caller checked AVX2 and FMA; `v` holds sixteen floats.
+        unsafe { Avx2x2::load(v.as_ptr()).reduce_add() }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2_masked(v: &[f32; 16], mask: u16) -> [f32; 16] {
+        let mut out = [-1.0f32; 16];
+        // SAFETY: as above; `out` holds sixteen floats.
+        unsafe { Avx2x2::load(v.as_ptr()).store_masked(out.as_mut_ptr(), mask) };
+        out
+    }
+
+    /// The tree, spelled out: lanes whose sums round differently in any other order.
+    #[test]
+    fn avx2_lanes_reduce_and_store_as_avx512() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        // Lanes 1 and 9 cancel in the tree's first step; added in any order that does not pair
+        // them first, lane 0's 1 is lost against 2^24.
+        let mut v: [f32; 16] = std::array::from_fn(|l| l as f32 * 0.25);
+        (v[0], v[1], v[9]) = (1.0, 16_777_216.0, -16_777_216.0);
+        let eight: Vec<f32> = (0..8).map(|l| v[l] + v[l + 8]).collect();
+        let four: Vec<f32> = (0..4).map(|l| eight[l] + eight[l + 4]).collect();
+        let two = [four[0] + four[2], four[1] + four[3]];
+        // SAFETY: AVX2 and FMA checked above.
+        let got = unsafe { avx2_reduce(&v) };
+        assert_eq!(got.to_bits(), (two[0] + two[1]).to_bits());
+        let sequential: f32 = v.iter().sum();
+        assert_ne!(
+            got.to_bits(),
+            sequential.to_bits(),
+            "the test cannot tell orders apart"
+        );
+        for mask in [0u16, 1, 0x00ff, 0x0f0f, 0xff00, 0x8001, 0xffff] {
+            // SAFETY: AVX2 and FMA checked above.
+            let out = unsafe { avx2_masked(&v, mask) };
+            for l in 0..16 {
+                let want = if mask >> l & 1 == 1 { v[l] } else { -1.0 };
+                assert_eq!(out[l], want, "mask {mask:#x} lane {l}");
+            }
+        }
+    }
+}
