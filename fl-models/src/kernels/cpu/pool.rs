@@ -80,10 +80,16 @@ pub fn max_pool2d_forward(g: &PoolGeometry, x: &[f32]) -> Vec<f32> {
 fn pool_forward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], y_p: &mut [f32]) {
     let (w, ow) = (g.input[1], g.output[1]);
     #[cfg(target_arch = "x86_64")]
-    if pair && crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx512) {
-        // SAFETY: AVX-512F is present (`uses` never exceeds the detected tier); the function
-        // checks the slice lengths it relies on.
-        let windows_nan = unsafe { avx512_pool::forward_2x2(w, g.output, x_p, y_p) };
+    if pair && crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx2) {
+        // SAFETY: the tier is present (`uses` never exceeds the detected tier); the functions
+        // check the slice lengths they rely on.
+        let windows_nan = unsafe {
+            if crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx512) {
+                avx512_pool::forward_2x2(w, g.output, x_p, y_p)
+            } else {
+                avx2_pool::forward_2x2(w, g.output, x_p, y_p)
+            }
+        };
         if !windows_nan && !has_nan_outside_windows(g, x_p) {
             return;
         }
@@ -135,10 +141,16 @@ pub fn max_pool2d_backward(g: &PoolGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> 
 fn pool_backward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], dy_p: &[f32], dx_p: &mut [f32]) {
     let (w, [oh, ow]) = (g.input[1], g.output);
     #[cfg(target_arch = "x86_64")]
-    if pair && crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx512) {
-        // SAFETY: AVX-512F is present (`uses` never exceeds the detected tier); the function
-        // checks the slice lengths it relies on.
-        let windows_nan = unsafe { avx512_pool::backward_2x2(w, g.output, x_p, dy_p, dx_p) };
+    if pair && crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx2) {
+        // SAFETY: the tier is present (`uses` never exceeds the detected tier); the functions
+        // check the slice lengths they rely on.
+        let windows_nan = unsafe {
+            if crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx512) {
+                avx512_pool::backward_2x2(w, g.output, x_p, dy_p, dx_p)
+            } else {
+                avx2_pool::backward_2x2(w, g.output, x_p, dy_p, dx_p)
+            }
+        };
         if !windows_nan && !has_nan_outside_windows(g, x_p) {
             return;
         }
@@ -322,5 +334,165 @@ mod avx512_pool {
             }
         }
         nan != 0
+    }
+}
+
+/// The same passes as [`avx512_pool`] in AVX2 registers, 8 windows per step: the even and odd
+/// columns split with shuffles instead of two-source permutes, masks as all-ones lanes.
+#[cfg(target_arch = "x86_64")]
+mod avx2_pool {
+    use std::arch::x86_64::*;
+
+    /// The AVX mask of the first `n` lanes of 8.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn first(n: usize) -> __m256i {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n.min(8) as i32), lanes)
+    }
+
+    /// The corners of the 8 windows from `(oy, ox)` on, `n` of them real (zeros in the other
+    /// lanes): top left, top right, bottom left, bottom right; and whether one holds a NaN.
+    ///
+    /// # Safety
+    /// AVX2; `ox + n <= ow` with `2·ow <= w`, and `x` holds rows `2·oy` and `2·oy + 1` of
+    /// width `w`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn corners(x: &[f32], w: usize, [oy, ox]: [usize; 2], n: usize) -> ([__m256; 4], bool) {
+        // SAFETY: the loads are the `2·n` floats from `2·ox` of both rows (masked unless all
+        // 16 are), inside `x` by the contract.
+        let [t0, t1, b0, b1] = unsafe {
+            let r0 = x.as_ptr().add(2 * oy * w + 2 * ox);
+            let r1 = r0.add(w);
+            if n == 8 {
+                // Masked moves are slow on some CPUs (microcoded stores on AMD's).
+                let load = |p: *const f32| _mm256_loadu_ps(p);
+                [load(r0), load(r0.add(8)), load(r1), load(r1.add(8))]
+            } else {
+                let (lo, hi) = (first(2 * n), first((2 * n).saturating_sub(8)));
+                [
+                    _mm256_maskload_ps(r0, lo),
+                    _mm256_maskload_ps(r0.wrapping_add(8), hi),
+                    _mm256_maskload_ps(r1, lo),
+                    _mm256_maskload_ps(r1.wrapping_add(8), hi),
+                ]
+            }
+        };
+        let nan = _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(t0, t1),
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(b0, b1),
+        );
+        // Within each 128-bit half, even (0b10_00_10_00) or odd (0b11_01_11_01) columns of
+        // both registers; then the halves' middle quarters swapped into column order.
+        let split = |a: __m256, b: __m256| {
+            let even = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
+            let odd = _mm256_shuffle_ps::<0b11_01_11_01>(a, b);
+            let order = |v: __m256| {
+                _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)))
+            };
+            (order(even), order(odd))
+        };
+        let ((a, b), (c, d)) = (split(t0, t1), split(b0, b1));
+        ([a, b, c, d], _mm256_movemask_ps(nan) != 0)
+    }
+
+    /// `y` of one plane, as [`super::avx512_pool::forward_2x2`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn forward_2x2(
+        w: usize,
+        [oh, ow]: [usize; 2],
+        x: &[f32],
+        y: &mut [f32],
+    ) -> bool {
+        assert!(2 * ow <= w && x.len() >= 2 * oh * w && y.len() >= oh * ow);
+        let mut nan = false;
+        for oy in 0..oh {
+            for ox in (0..ow).step_by(8) {
+                let n = (ow - ox).min(8);
+                // SAFETY: `ox + n <= ow`, and the asserts keep the rows and the `n` outputs
+                // from `oy·ow + ox` inside the slices.
+                unsafe {
+                    let ([a, b, c, d], window_nan) = corners(x, w, [oy, ox], n);
+                    let (top, bottom) = (_mm256_max_ps(b, a), _mm256_max_ps(d, c));
+                    let (out, max) = (y.as_mut_ptr().add(oy * ow + ox), _mm256_max_ps(bottom, top));
+                    if n == 8 {
+                        _mm256_storeu_ps(out, max);
+                    } else {
+                        _mm256_maskstore_ps(out, first(n), max);
+                    }
+                    nan |= window_nan;
+                }
+            }
+        }
+        nan
+    }
+
+    /// `dx` of one plane, as [`super::avx512_pool::backward_2x2`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn backward_2x2(
+        w: usize,
+        [oh, ow]: [usize; 2],
+        x: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+    ) -> bool {
+        assert!(2 * ow <= w && x.len() >= 2 * oh * w && dx.len() >= 2 * oh * w);
+        assert!(dy.len() >= oh * ow);
+        let mut nan = false;
+        // SAFETY: every access below is masked to the `2·ow` floats of a row pair, or the `ow`
+        // gradients of a window row, which the asserts above keep inside the slices.
+        unsafe {
+            for oy in 0..oh {
+                for ox in (0..ow).step_by(8) {
+                    let n = (ow - ox).min(8);
+                    let (lo, hi) = (first(2 * n), first((2 * n).saturating_sub(8)));
+                    let ([a, b, c, d], window_nan) = corners(x, w, [oy, ox], n);
+                    nan |= window_nan;
+                    let max = _mm256_max_ps(_mm256_max_ps(a, b), _mm256_max_ps(c, d));
+                    let at_a = _mm256_cmp_ps::<_CMP_EQ_OQ>(a, max);
+                    let at_b = _mm256_andnot_ps(at_a, _mm256_cmp_ps::<_CMP_EQ_OQ>(b, max));
+                    let ab = _mm256_or_ps(at_a, at_b);
+                    let at_c = _mm256_andnot_ps(ab, _mm256_cmp_ps::<_CMP_EQ_OQ>(c, max));
+                    let at_d =
+                        _mm256_andnot_ps(_mm256_or_ps(ab, at_c), _mm256_castsi256_ps(first(8)));
+                    let grads = dy.as_ptr().add(oy * ow + ox);
+                    let grad = if n == 8 {
+                        _mm256_loadu_ps(grads)
+                    } else {
+                        _mm256_maskload_ps(grads, first(n))
+                    };
+                    let pick = |mask| _mm256_and_ps(mask, grad);
+                    // Interleave two windows' columns back: within halves, then across them.
+                    let store = |row: *mut f32, left: __m256, right: __m256| {
+                        let (l, h) = (
+                            _mm256_unpacklo_ps(left, right),
+                            _mm256_unpackhi_ps(left, right),
+                        );
+                        let (first_half, second_half) = (
+                            _mm256_permute2f128_ps::<0x20>(l, h),
+                            _mm256_permute2f128_ps::<0x31>(l, h),
+                        );
+                        if n == 8 {
+                            _mm256_storeu_ps(row, first_half);
+                            _mm256_storeu_ps(row.add(8), second_half);
+                        } else {
+                            _mm256_maskstore_ps(row, lo, first_half);
+                            _mm256_maskstore_ps(row.wrapping_add(8), hi, second_half);
+                        }
+                    };
+                    let d0 = dx.as_mut_ptr().add(2 * oy * w + 2 * ox);
+                    store(d0, pick(at_a), pick(at_b));
+                    store(d0.wrapping_add(w), pick(at_c), pick(at_d));
+                }
+            }
+        }
+        nan
     }
 }
