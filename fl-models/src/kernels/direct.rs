@@ -551,12 +551,18 @@ fn weight_grad_chunk(
             // two channels × two taps, 8 of its 16 registers for the sums (half the lanes at a
             // time, 4 × 2 taps in 8-lane registers, measured 5% faster in `fl bench --kernels`:
             // not worth a second kernel).
-            let args = (wide, count, &inputs[..], &grads[..], g.c_out, &mut dw[..]);
-            let (w, n, x, d, c, dw) = args;
+            let (x, d, c, dw) = (&inputs[..], &grads[..], g.c_out, &mut dw[..]);
             match (avx512(), wide.channel_tile) {
-                (true, 6) => tiles::weight_grad_avx512::<6, 4>(w, n, x, d, c, dw),
-                (true, _) => tiles::weight_grad_avx512::<4, 6>(w, n, x, d, c, dw),
-                (false, _) => tiles::weight_grad_avx2::<2, 2>(w, n, x, d, c, dw),
+                (true, 6) => tiles::weight_grad_avx512::<6, 4>((wide, count, count), x, d, c, dw),
+                (true, _) => tiles::weight_grad_avx512::<4, 6>((wide, count, count), x, d, c, dw),
+                (false, _) => {
+                    // As many samples per pass as keep a tile's rows (two channels of the
+                    // output gradient, an input plane) within 16 KiB of L1: on large maps
+                    // they streamed from L2 once per tile, at one load per multiply-add.
+                    let plane = wide.padded[0] * wide.padded[1];
+                    let pass = 4096 / (2 * wide.len + plane);
+                    tiles::weight_grad_avx2::<2, 2>((wide, count, pass), x, d, c, dw)
+                }
             }
         }
     }
@@ -714,7 +720,9 @@ mod tiles {
     }
 
     /// Weight-gradient tiles of `C` channels × `T` taps, summed over the pixels of `count`
-    /// samples (in order), then reduced to `dw[co, k]`.
+    /// samples (in order), then reduced to `dw[co, k]`. The samples go `pass` at a time
+    /// through every tile, each tile's sums kept in memory between passes: the same chains,
+    /// with a smaller working set per tile when `pass < count`.
     ///
     /// # Safety
     /// The CPU supports `V`'s tier; `C` divides `wide.c_out_padded`; `inputs` holds `count`
@@ -722,8 +730,7 @@ mod tiles {
     /// `c_out_padded · len` floats, and `dw` `c_out · taps` floats.
     #[inline(always)]
     unsafe fn weight_grad<V: Lanes16, const C: usize, const T: usize>(
-        wide: &Wide,
-        count: usize,
+        (wide, count, pass): (&Wide, usize, usize),
         inputs: &[f32],
         grads: &[f32],
         c_out: usize,
@@ -735,34 +742,51 @@ mod tiles {
             let grad_len = wide.c_out_padded * wide.len;
             assert!(inputs.len() >= count * wide.input_len && grads.len() >= count * grad_len);
             assert!(dw.len() >= c_out * taps && wide.c_out_padded.is_multiple_of(C));
-            for block in 0..wide.c_out_padded / C {
-                for k0 in (0..taps).step_by(T) {
-                    // Taps past the end repeat the last one; their sums are dropped.
-                    let offsets: [usize; T] =
-                        std::array::from_fn(|t| wide.offsets[(k0 + t).min(taps - 1)]);
-                    let mut acc = [[V::zero(); T]; C];
-                    for n in 0..count {
-                        let x = inputs.as_ptr().add(n * wide.input_len);
-                        let dy = grads.as_ptr().add(n * grad_len + block * C * wide.len);
-                        for p in (0..wide.len).step_by(LANES) {
-                            let d: [V; C] =
-                                std::array::from_fn(|c| V::load(dy.add(c * wide.len + p)));
-                            for (t, &offset) in offsets.iter().enumerate() {
-                                let xv = V::load(x.add(offset + p));
-                                for c in 0..C {
-                                    acc[c][t] = d[c].mul_add(xv, acc[c][t]);
+            let (blocks, groups) = (wide.c_out_padded / C, taps.div_ceil(T));
+            let pass = pass.clamp(1, count.max(1));
+            let passes = count.div_ceil(pass);
+            // Sums kept between passes (none with a single pass).
+            let mut kept = vec![[[V::zero(); T]; C]; if passes > 1 { blocks * groups } else { 0 }];
+            for (i, first) in (0..count).step_by(pass).enumerate() {
+                let samples = first..(first + pass).min(count);
+                for block in 0..blocks {
+                    for group in 0..groups {
+                        let (tile, k0) = (block * groups + group, group * T);
+                        // Taps past the end repeat the last one; their sums are dropped.
+                        let offsets: [usize; T] =
+                            std::array::from_fn(|t| wide.offsets[(k0 + t).min(taps - 1)]);
+                        let mut acc = if i == 0 {
+                            [[V::zero(); T]; C]
+                        } else {
+                            kept[tile]
+                        };
+                        for n in samples.clone() {
+                            let x = inputs.as_ptr().add(n * wide.input_len);
+                            let dy = grads.as_ptr().add(n * grad_len + block * C * wide.len);
+                            for p in (0..wide.len).step_by(LANES) {
+                                let d: [V; C] =
+                                    std::array::from_fn(|c| V::load(dy.add(c * wide.len + p)));
+                                for (t, &offset) in offsets.iter().enumerate() {
+                                    let xv = V::load(x.add(offset + p));
+                                    for c in 0..C {
+                                        acc[c][t] = d[c].mul_add(xv, acc[c][t]);
+                                    }
                                 }
                             }
                         }
-                    }
-                    for (c, row) in acc.iter().enumerate() {
-                        let co = block * C + c;
-                        if co >= c_out {
-                            break;
+                        if i + 1 < passes {
+                            kept[tile] = acc;
+                            continue;
                         }
-                        for (t, v) in row.iter().enumerate() {
-                            if k0 + t < taps {
-                                dw[co * taps + k0 + t] = v.reduce_add();
+                        for (c, row) in acc.iter().enumerate() {
+                            let co = block * C + c;
+                            if co >= c_out {
+                                break;
+                            }
+                            for (t, v) in row.iter().enumerate() {
+                                if k0 + t < taps {
+                                    dw[co * taps + k0 + t] = v.reduce_add();
+                                }
                             }
                         }
                     }
@@ -788,8 +812,7 @@ mod tiles {
     crate::kernels::lanes16::tier_entries! {
         weight_grad_avx512, weight_grad_avx2 =>
             weight_grad<const C, const T>(
-                wide: &Wide,
-                count: usize,
+                layout: (&Wide, usize, usize),
                 inputs: &[f32],
                 grads: &[f32],
                 c_out: usize,
