@@ -32,6 +32,25 @@
 use super::cpu::{Aligned, Conv2dGeometry};
 use rayon::prelude::*;
 
+/// Calls the entry point of the active tier, `$module::$avx512` or `$module::$avx2`, with the
+/// register tile of each tier for the packed channel tile `$tile` (`<C, R, P>`: `R` of the `C`
+/// channels × `P` 16-lane vectors of pixels): the forward passes' and the scatter's shapes.
+/// AVX-512: all `C` channels, the fastest shapes measured on 8×8 to 32×32 maps (8 × 3 vectors
+/// at 72% of the FMA peak, 6–10% above 8 × 2). AVX2 has 16 registers of 8 lanes, not 32 of 16:
+/// 4 or 6 channels × one vector.
+macro_rules! by_channel_tile {
+    ($tile:expr, $module:ident :: {$avx512:ident, $avx2:ident} ($($arg:expr),* $(,)?)) => {
+        match ($crate::kernels::direct::avx512(), $tile) {
+            (true, 8) => $module::$avx512::<8, 8, 3>($($arg),*),
+            (true, 6) => $module::$avx512::<6, 6, 4>($($arg),*),
+            (true, _) => $module::$avx512::<4, 4, 4>($($arg),*),
+            (false, 8) => $module::$avx2::<8, 4, 1>($($arg),*),
+            (false, 6) => $module::$avx2::<6, 6, 1>($($arg),*),
+            (false, _) => $module::$avx2::<4, 4, 1>($($arg),*),
+        }
+    };
+}
+
 mod gather;
 mod rows;
 use rows::forward_rows;
@@ -439,23 +458,12 @@ fn forward_wide(args: ForwardArgs, out: &mut [f32]) {
         // SAFETY: `applies` checked the tier (no Wide is built otherwise); the asserts above and
         // `Wide::input_len` bound every load and store of the tiles.
         unsafe {
-            // Tiles of C channels × P vectors of pixels (then single vectors for the rest of
-            // the wide length), the fastest shapes measured on 8×8 to 32×32 maps: 8×3 runs at
-            // 72% of the FMA peak, 6–10% above 8×2. AVX2 has 16 registers of 8 lanes, not 32
-            // of 16: tiles of 4 or 6 channels × one vector.
-            if avx512() {
-                match wide.channel_tile {
-                    8 => tiles::forward_tiles_avx512::<8, 8, 3>(args, out),
-                    6 => tiles::forward_tiles_avx512::<6, 6, 4>(args, out),
-                    _ => tiles::forward_tiles_avx512::<4, 4, 4>(args, out),
-                }
-            } else {
-                match wide.channel_tile {
-                    8 => tiles::forward_tiles_avx2::<8, 4, 1>(args, out),
-                    6 => tiles::forward_tiles_avx2::<6, 6, 1>(args, out),
-                    _ => tiles::forward_tiles_avx2::<4, 4, 1>(args, out),
-                }
-            }
+            // Tiles of channels × vectors of pixels, then single vectors for the rest of the
+            // wide length.
+            by_channel_tile!(
+                wide.channel_tile,
+                tiles::{forward_tiles_avx512, forward_tiles_avx2}(args, out)
+            )
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -498,19 +506,7 @@ fn scatter_wide(layout: ScatterLayout, wide_dy: &[f32], packed: &[f32], dx: &mut
             // rest of the wide length): fewer weight broadcasts per multiply-add the larger P;
             // the sums are the same either way.
             let args = (wide, c_out, c_in_padded, wide_dy, packed);
-            if avx512() {
-                match tile {
-                    8 => tiles::scatter_tiles_avx512::<8, 8, 3>(args, dx),
-                    6 => tiles::scatter_tiles_avx512::<6, 6, 4>(args, dx),
-                    _ => tiles::scatter_tiles_avx512::<4, 4, 4>(args, dx),
-                }
-            } else {
-                match tile {
-                    8 => tiles::scatter_tiles_avx2::<8, 4, 1>(args, dx),
-                    6 => tiles::scatter_tiles_avx2::<6, 6, 1>(args, dx),
-                    _ => tiles::scatter_tiles_avx2::<4, 4, 1>(args, dx),
-                }
-            }
+            by_channel_tile!(tile, tiles::{scatter_tiles_avx512, scatter_tiles_avx2}(args, dx))
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

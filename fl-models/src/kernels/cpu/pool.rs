@@ -446,13 +446,13 @@ mod avx2_pool {
         assert!(2 * ow <= w && x.len() >= 2 * oh * w && dx.len() >= 2 * oh * w);
         assert!(dy.len() >= oh * ow);
         let mut nan = false;
-        // SAFETY: every access below is masked to the `2·ow` floats of a row pair, or the `ow`
-        // gradients of a window row, which the asserts above keep inside the slices.
+        // SAFETY: every access below is to the `2·n` floats of a row pair from `2·ox`, or the
+        // `n` gradients from `ox` of a window row (masked unless `n` is 8), which the asserts
+        // above keep inside the slices.
         unsafe {
             for oy in 0..oh {
                 for ox in (0..ow).step_by(8) {
                     let n = (ow - ox).min(8);
-                    let (lo, hi) = (first(2 * n), first((2 * n).saturating_sub(8)));
                     let ([a, b, c, d], window_nan) = corners(x, w, [oy, ox], n);
                     nan |= window_nan;
                     let max = _mm256_max_ps(_mm256_max_ps(a, b), _mm256_max_ps(c, d));
@@ -483,6 +483,7 @@ mod avx2_pool {
                             _mm256_storeu_ps(row, first_half);
                             _mm256_storeu_ps(row.add(8), second_half);
                         } else {
+                            let (lo, hi) = (first(2 * n), first((2 * n).saturating_sub(8)));
                             _mm256_maskstore_ps(row, lo, first_half);
                             _mm256_maskstore_ps(row.wrapping_add(8), hi, second_half);
                         }

@@ -62,19 +62,10 @@ pub(super) fn forward_rows(args: ForwardArgs, rows: &RowVectors, c_out: usize, o
         // are masked to each row and to the `c_out` channels.
         unsafe {
             // The tiles of `forward_wide`, on either tier.
-            if super::avx512() {
-                match wide.channel_tile {
-                    8 => tiles::forward_rows_avx512::<8, 8, 3>(args, rows, c_out, out),
-                    6 => tiles::forward_rows_avx512::<6, 6, 4>(args, rows, c_out, out),
-                    _ => tiles::forward_rows_avx512::<4, 4, 4>(args, rows, c_out, out),
-                }
-            } else {
-                match wide.channel_tile {
-                    8 => tiles::forward_rows_avx2::<8, 4, 1>(args, rows, c_out, out),
-                    6 => tiles::forward_rows_avx2::<6, 6, 1>(args, rows, c_out, out),
-                    _ => tiles::forward_rows_avx2::<4, 4, 1>(args, rows, c_out, out),
-                }
-            }
+            by_channel_tile!(
+                wide.channel_tile,
+                tiles::{forward_rows_avx512, forward_rows_avx2}(args, rows, c_out, out)
+            )
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
