@@ -10,11 +10,13 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub enum Isa {
     /// The target's baseline (SSE2 on x86-64): the portable fallback.
     Baseline,
-    /// AVX2 with FMA: the direct stride-1 convolutions in pairs of 256-bit registers (the same
-    /// sums as on AVX-512), and the im2col / col2im copy loops.
+    /// AVX2 with FMA: the hand-written kernels in pairs of 256-bit registers with smaller
+    /// register tiles (the same sums as on AVX-512): direct stride-1 convolutions, the kernels
+    /// across samples, the small-map and 5-wide weight gradients, the dense input gradient, the
+    /// 2×2 max-pool; and the im2col / col2im copy loops.
     Avx2,
-    /// AVX-512F: the direct stride-1 convolutions in 512-bit registers, the kernels across
-    /// samples, the small-map weight gradients and the 2×2 max-pool backward pass.
+    /// AVX-512F: the same kernels in 512-bit registers, and the 3×3 weight gradients without
+    /// their zero products.
     Avx512,
 }
 

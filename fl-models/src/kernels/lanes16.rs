@@ -24,6 +24,9 @@ pub(crate) trait Lanes16: Copy {
     unsafe fn splat(v: f32) -> Self;
     /// Sixteen floats from `p` (unaligned).
     unsafe fn load(p: *const f32) -> Self;
+    /// The floats at `p + l` whose bit `l` is set in `mask`, zeros in the other lanes (their
+    /// addresses are not read).
+    unsafe fn load_masked(p: *const f32, mask: u16) -> Self;
     /// Sixteen floats to `p` (unaligned).
     unsafe fn store(self, p: *mut f32);
     /// The lanes whose bit is set in `mask` (bit `l` for lane `l`) to `p + l`.
@@ -34,6 +37,9 @@ pub(crate) trait Lanes16: Copy {
     unsafe fn add(self, b: Self) -> Self;
     /// The sum of the lanes: `l` with `l + 8`, then `+ 4`, `+ 2`, `+ 1`.
     unsafe fn reduce_add(self) -> f32;
+    /// Transposes sixteen vectors in registers: lane `j` of `rows[i]` becomes lane `i` of
+    /// `rows[j]` (layout changes between samples-in-lanes and plain NCHW).
+    unsafe fn transpose(rows: &mut [Self; 16]);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -49,6 +55,10 @@ impl Lanes16 for __m512 {
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_masked(p: *const f32, mask: u16) -> Self {
+        unsafe { _mm512_maskz_loadu_ps(mask, p) }
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
@@ -70,6 +80,36 @@ impl Lanes16 for __m512 {
     unsafe fn reduce_add(self) -> f32 {
         unsafe { _mm512_reduce_add_ps(self) }
     }
+    #[inline(always)]
+    unsafe fn transpose(rows: &mut [Self; 16]) {
+        unsafe {
+            // Pairs of rows interleaved by 32 bits, then by 64, then 128-bit blocks twice.
+            let mut t = [_mm512_setzero_ps(); 16];
+            for i in 0..8 {
+                t[2 * i] = _mm512_unpacklo_ps(rows[2 * i], rows[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_ps(rows[2 * i], rows[2 * i + 1]);
+            }
+            let pd = _mm512_castps_pd;
+            for i in 0..4 {
+                let (a, b, c, d) = (t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]);
+                rows[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(a), pd(c)));
+                rows[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(a), pd(c)));
+                rows[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(b), pd(d)));
+                rows[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(b), pd(d)));
+            }
+            for half in 0..2 {
+                for j in 0..4 {
+                    let (a, b) = (rows[8 * half + j], rows[8 * half + 4 + j]);
+                    t[8 * half + j] = _mm512_shuffle_f32x4::<0x88>(a, b);
+                    t[8 * half + 4 + j] = _mm512_shuffle_f32x4::<0xdd>(a, b);
+                }
+            }
+            for j in 0..8 {
+                rows[j] = _mm512_shuffle_f32x4::<0x88>(t[j], t[8 + j]);
+                rows[8 + j] = _mm512_shuffle_f32x4::<0xdd>(t[j], t[8 + j]);
+            }
+        }
+    }
 }
 
 /// Sixteen lanes as two AVX2 registers: lanes 0–7, then 8–15.
@@ -86,6 +126,40 @@ impl Avx2x2 {
             let select = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
             let set = _mm256_and_si256(_mm256_set1_epi32(bits as i32), select);
             _mm256_cmpeq_epi32(set, select)
+        }
+    }
+
+    /// Transposes eight vectors of eight floats: interleaved by 32 bits, then by 64, then
+    /// 128-bit halves exchanged.
+    #[inline(always)]
+    unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        unsafe {
+            let t: [__m256; 8] = std::array::from_fn(|i| {
+                let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+                if i % 2 == 0 {
+                    _mm256_unpacklo_ps(a, b)
+                } else {
+                    _mm256_unpackhi_ps(a, b)
+                }
+            });
+            // `s[i]`: columns `i` and `i + 4` of rows 0–3 (`i < 4`) or 4–7, in 128-bit halves.
+            let s: [__m256; 8] = std::array::from_fn(|i| {
+                let (q, c) = (i / 4 * 4, i % 4);
+                let (a, b) = (t[q + c / 2], t[q + c / 2 + 2]);
+                if c % 2 == 0 {
+                    _mm256_shuffle_ps::<0x44>(a, b)
+                } else {
+                    _mm256_shuffle_ps::<0xee>(a, b)
+                }
+            });
+            std::array::from_fn(|j| {
+                let (a, b) = (s[j % 4], s[j % 4 + 4]);
+                if j < 4 {
+                    _mm256_permute2f128_ps::<0x20>(a, b)
+                } else {
+                    _mm256_permute2f128_ps::<0x31>(a, b)
+                }
+            })
         }
     }
 }
@@ -106,6 +180,18 @@ impl Lanes16 for Avx2x2 {
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         unsafe { Avx2x2(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) }
+    }
+    #[inline(always)]
+    unsafe fn load_masked(p: *const f32, mask: u16) -> Self {
+        unsafe {
+            let (low, high) = (mask as u8, (mask >> 8) as u8);
+            let half = |p: *const f32, bits: u8| match bits {
+                0 => _mm256_setzero_ps(),
+                0xff => _mm256_loadu_ps(p),
+                _ => _mm256_maskload_ps(p, Self::mask(bits)),
+            };
+            Avx2x2(half(p, low), half(p.add(8), high))
+        }
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
@@ -156,6 +242,25 @@ impl Lanes16 for Avx2x2 {
             _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)))
         }
     }
+    #[inline(always)]
+    unsafe fn transpose(rows: &mut [Self; 16]) {
+        unsafe {
+            // Four 8 × 8 blocks: rows 0–7 or 8–15, lanes 0–7 (`.0`) or 8–15 (`.1`).
+            let block = |r0: usize, high: bool| -> [__m256; 8] {
+                let b = std::array::from_fn(|i| {
+                    let row = rows[r0 + i];
+                    if high { row.1 } else { row.0 }
+                });
+                Self::transpose8(b)
+            };
+            let (top_low, bottom_low) = (block(0, false), block(8, false));
+            let (top_high, bottom_high) = (block(0, true), block(8, true));
+            for j in 0..8 {
+                rows[j] = Avx2x2(top_low[j], bottom_low[j]);
+                rows[8 + j] = Avx2x2(top_high[j], bottom_high[j]);
+            }
+        }
+    }
 }
 
 /// The two entry points of a kernel written over [`Lanes16`]: `$avx512` compiles it with
@@ -204,6 +309,41 @@ mod tests {
         // SAFETY: as above; `out` holds sixteen floats.
         unsafe { Avx2x2::load(v.as_ptr()).store_masked(out.as_mut_ptr(), mask) };
         out
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2_transpose(m: &[f32; 256], mask: u16) -> [f32; 256] {
+        let mut out = [0.0f32; 256];
+        // SAFETY: as above; each row of `m` and `out` holds sixteen floats.
+        unsafe {
+            let mut rows: [Avx2x2; 16] =
+                std::array::from_fn(|i| Avx2x2::load_masked(m[16 * i..].as_ptr(), mask));
+            Avx2x2::transpose(&mut rows);
+            for (i, row) in rows.iter().enumerate() {
+                row.store(out[16 * i..].as_mut_ptr());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn avx2_lanes_transpose_and_load_masked() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        let m: [f32; 256] = std::array::from_fn(|i| i as f32);
+        for mask in [0xffffu16, 0x0001, 0x00ff, 0x1ff, 0x7fff] {
+            // SAFETY: AVX2 and FMA checked above.
+            let got = unsafe { avx2_transpose(&m, mask) };
+            for (i, j) in (0..16).flat_map(|i| (0..16).map(move |j| (i, j))) {
+                let want = if mask >> j & 1 == 1 {
+                    m[16 * i + j]
+                } else {
+                    0.0
+                };
+                assert_eq!(got[16 * j + i], want, "mask {mask:#x} row {i} lane {j}");
+            }
+        }
     }
 
     /// The tree, spelled out: lanes whose sums round differently in any other order.

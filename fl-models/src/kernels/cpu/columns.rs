@@ -178,7 +178,7 @@ pub(super) fn transpose([rows, cols]: [usize; 2], src: &[f32], dst: &mut [f32]) 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::super::first_lanes;
-    use super::super::lanes::avx512::transpose as transpose_16;
+    use crate::kernels::lanes16::Lanes16;
     use std::arch::x86_64::*;
 
     /// [`super::transpose`] by 16 × 16 blocks in registers, masked at the edges.
@@ -202,7 +202,8 @@ mod avx512 {
                         )
                     };
                 }
-                transpose_16(&mut block);
+                // SAFETY: register shuffles, with AVX-512F.
+                unsafe { __m512::transpose(&mut block) };
                 for (j, v) in block.iter().enumerate().take(width) {
                     let to = &mut dst[(c0 + j) * rows + r0..][..height];
                     // SAFETY: the masked floats are `to`'s `height`.

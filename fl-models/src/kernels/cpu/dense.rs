@@ -23,7 +23,8 @@ const ROWS: usize = 6;
 /// The most samples (four vectors of 16).
 const MAX_SAMPLES: usize = 64;
 
-/// Whether [`input_grad`] computes `dy (m × k) · Wᵀ` for an `n × k` weight: on AVX-512, for
+/// Whether [`input_grad`] computes `dy (m × k) · Wᵀ` for an `n × k` weight: on AVX-512 or
+/// AVX2 with FMA (gemm's micro-kernels chain the same fused multiply-adds on both), for
 /// 2–64 samples, where gemm runs its blocked product (its `k ≤ 2`, `m·n ≤ 256` and
 /// single-row special cases sum in other orders).
 pub(crate) fn applies(m: usize, n: usize, k: usize) -> bool {
@@ -32,7 +33,7 @@ pub(crate) fn applies(m: usize, n: usize, k: usize) -> bool {
         && n >= 2
         && k > 2
         && m * n > 256
-        && uses(Isa::Avx512)
+        && uses(Isa::Avx2)
 }
 
 /// `dy · Wᵀ` as a row-major `m × n` matrix: `dy` is `m × k` with row stride `dy_rs` (columns
@@ -70,28 +71,7 @@ pub(crate) fn input_grad(
                 let rows = out.len() / lanes;
                 let w = &w[i0 * w_rs..];
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `applies` checked AVX-512F; `w` holds `rows` rows of `k` at stride
-                // `w_rs` (asserted above), `dy_t` `k · lanes` floats and `out` `rows · lanes`.
-                unsafe {
-                    let args = (w, w_rs, &dy_t[..], kc, k);
-                    match (vectors, rows) {
-                        (1, ROWS) => avx512::tile::<1, ROWS>(args, out),
-                        (2, ROWS) => avx512::tile::<2, ROWS>(args, out),
-                        (3, ROWS) => avx512::tile::<3, ROWS>(args, out),
-                        (4, ROWS) => avx512::tile::<4, ROWS>(args, out),
-                        (v, _) => {
-                            for (r, out) in out.chunks_mut(lanes).enumerate() {
-                                let args = (&w[r * w_rs..], w_rs, &dy_t[..], kc, k);
-                                match v {
-                                    1 => avx512::tile::<1, 1>(args, out),
-                                    2 => avx512::tile::<2, 1>(args, out),
-                                    3 => avx512::tile::<3, 1>(args, out),
-                                    _ => avx512::tile::<4, 1>(args, out),
-                                }
-                            }
-                        }
-                    }
-                }
+                tile_rows((w, w_rs, &dy_t[..], kc, k), [rows, vectors], out);
             }
         });
     let mut dx = vec![0.0f32; m * n];
@@ -103,49 +83,107 @@ pub(crate) fn input_grad(
     dx
 }
 
+/// `out[r][lanes] = Σ_o w[r, o] · dy_t[o][lanes]` for one tile of `rows ≤ ROWS` weight rows
+/// and all `vectors` vectors of samples, on the active tier: AVX-512 in one register tile of
+/// `rows` × `vectors` (at most 24 of its 32 registers), AVX2 (16 registers of 8 lanes) in tiles
+/// of 3 rows × 2 vectors, or 6 × 1 where the samples fill one vector.
+///
+/// `w` holds `rows` rows of `k` at stride `w_rs`, `dy_t` `k · lanes` floats and `out`
+/// `rows · lanes`, `lanes = 16 · vectors` (the tile checks them).
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::*;
+fn tile_rows(
+    (w, w_rs, dy_t, kc, k): (&[f32], usize, &[f32], usize, usize),
+    [rows, vectors]: [usize; 2],
+    out: &mut [f32],
+) {
+    let lanes = 16 * vectors;
+    let args = |r: usize, v: usize| (&w[r * w_rs..], w_rs, &dy_t[16 * v..], kc, k, lanes);
+    // SAFETY: `applies` checked the tier; `tiles::tile` asserts its slices' lengths.
+    unsafe {
+        if uses(Isa::Avx512) {
+            match (vectors, rows) {
+                (1, ROWS) => tiles::tile_avx512::<1, ROWS>(args(0, 0), out),
+                (2, ROWS) => tiles::tile_avx512::<2, ROWS>(args(0, 0), out),
+                (3, ROWS) => tiles::tile_avx512::<3, ROWS>(args(0, 0), out),
+                (4, ROWS) => tiles::tile_avx512::<4, ROWS>(args(0, 0), out),
+                (v, _) => {
+                    for (r, out) in out.chunks_mut(lanes).enumerate() {
+                        match v {
+                            1 => tiles::tile_avx512::<1, 1>(args(r, 0), out),
+                            2 => tiles::tile_avx512::<2, 1>(args(r, 0), out),
+                            3 => tiles::tile_avx512::<3, 1>(args(r, 0), out),
+                            _ => tiles::tile_avx512::<4, 1>(args(r, 0), out),
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        if vectors == 1 && rows == ROWS {
+            tiles::tile_avx2::<1, ROWS>(args(0, 0), out);
+            return;
+        }
+        for v in (0..vectors).step_by(2) {
+            let pair = vectors - v >= 2;
+            let mut r = 0;
+            while r < rows {
+                let step = if rows - r >= 3 { 3 } else { 1 };
+                let out = &mut out[r * lanes + 16 * v..];
+                match (pair, step) {
+                    (true, 3) => tiles::tile_avx2::<2, 3>(args(r, v), out),
+                    (true, _) => tiles::tile_avx2::<2, 1>(args(r, v), out),
+                    (false, 3) => tiles::tile_avx2::<1, 3>(args(r, v), out),
+                    (false, _) => tiles::tile_avx2::<1, 1>(args(r, v), out),
+                }
+                r += step;
+            }
+        }
+    }
+}
 
-    /// `out[r][lanes] = Σ_o w[r, o] · dy_t[o][lanes]` for `R` weight rows and `V` vectors of
-    /// samples: per depth block of `kc` a chain of multiply-adds from +0, added onto the
-    /// output block by block (the first block stored).
+/// The kernel, written once over [`Lanes16`](crate::kernels::lanes16::Lanes16) and compiled
+/// for each tier.
+#[cfg(target_arch = "x86_64")]
+mod tiles {
+    use crate::kernels::lanes16::{Lanes16, tier_entries};
+
+    tier_entries!(tile_avx512, tile_avx2 =>
+        tile<const V, const R>(args: (&[f32], usize, &[f32], usize, usize, usize),
+            out: &mut [f32]));
+
+    /// `out[r·lanes + 16v + l] = Σ_o w[r, o] · dy_t[o·lanes + 16v + l]` for `R` weight rows and
+    /// `V` vectors of samples (of `lanes` per depth): per depth block of `kc` a chain of
+    /// multiply-adds from +0, added onto the output block by block (the first block stored).
     ///
     /// # Safety
-    /// AVX-512F; `w` holds `R` rows of `k` floats at stride `w_rs`, `dy_t` `k · 16V` floats
-    /// and `out` `R · 16V`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile<const V: usize, const R: usize>(
-        (w, w_rs, dy_t, kc, k): (&[f32], usize, &[f32], usize, usize),
+    /// `L`'s tier (the lengths are checked).
+    #[inline(always)]
+    unsafe fn tile<L: Lanes16, const V: usize, const R: usize>(
+        (w, w_rs, dy_t, kc, k, lanes): (&[f32], usize, &[f32], usize, usize, usize),
         out: &mut [f32],
     ) {
-        let lanes = 16 * V;
-        assert!(w.len() >= (R - 1) * w_rs + k && dy_t.len() >= k * lanes);
-        assert!(out.len() >= R * lanes && kc > 0);
+        assert!(w.len() >= (R - 1) * w_rs + k && dy_t.len() >= (k - 1) * lanes + 16 * V);
+        assert!(out.len() >= (R - 1) * lanes + 16 * V && kc > 0 && 16 * V <= lanes);
         // SAFETY: the asserts bound every access.
         unsafe {
             let (w, d, o) = (w.as_ptr(), dy_t.as_ptr(), out.as_mut_ptr());
             for k0 in (0..k).step_by(kc) {
-                let mut acc = [[_mm512_setzero_ps(); V]; R];
+                let mut acc = [[L::zero(); V]; R];
                 for depth in k0..(k0 + kc).min(k) {
-                    let dv: [__m512; V] =
-                        std::array::from_fn(|v| _mm512_loadu_ps(d.add(depth * lanes + 16 * v)));
+                    let dv: [L; V] =
+                        std::array::from_fn(|v| L::load(d.add(depth * lanes + 16 * v)));
                     for (r, a) in acc.iter_mut().enumerate() {
-                        let wb = _mm512_set1_ps(*w.add(r * w_rs + depth));
+                        let wb = L::splat(*w.add(r * w_rs + depth));
                         for (v, a) in a.iter_mut().enumerate() {
-                            *a = _mm512_fmadd_ps(wb, dv[v], *a);
+                            *a = wb.mul_add(dv[v], *a);
                         }
                     }
                 }
                 for (r, a) in acc.iter().enumerate() {
                     for (v, a) in a.iter().enumerate() {
                         let at = o.add(r * lanes + 16 * v);
-                        let sum = if k0 == 0 {
-                            *a
-                        } else {
-                            _mm512_add_ps(_mm512_loadu_ps(at), *a)
-                        };
-                        _mm512_storeu_ps(at, sum);
+                        let sum = if k0 == 0 { *a } else { L::load(at).add(*a) };
+                        sum.store(at);
                     }
                 }
             }
@@ -156,8 +194,8 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::cpu::tests::at_every_isa;
     use crate::kernels::cpu::tests::values;
-    use crate::kernels::isa::test_lock;
 
     #[test]
     fn input_gradients_are_gemms_bits() {
@@ -173,30 +211,31 @@ mod tests {
             (33, 48, 5000, 2, 0),
             (16, 17, 2000, 0, 0),
         ];
-        let _guard = test_lock();
-        for (m, n, k, dy_pad, w_pad) in shapes {
-            let (dy_rs, w_rs) = (k + dy_pad, k + w_pad);
-            let dy = values(m * dy_rs, 1);
-            let w = values(n * w_rs, 2);
-            if !applies(m, n, k) {
-                assert!(Isa::active() < Isa::Avx512, "{m}×{n}×{k}: applies");
-                continue;
+        at_every_isa(|isa| {
+            for (m, n, k, dy_pad, w_pad) in shapes {
+                let (dy_rs, w_rs) = (k + dy_pad, k + w_pad);
+                let dy = values(m * dy_rs, 1);
+                let w = values(n * w_rs, 2);
+                if !applies(m, n, k) {
+                    assert!(isa < Isa::Avx2, "{m}×{n}×{k}: applies");
+                    continue;
+                }
+                let fast = input_grad((&dy, dy_rs), (&w, w_rs), [m, n, k]);
+                let mut gemm = vec![0.0f32; m * n];
+                super::super::matmul(
+                    [m, n, k],
+                    (&mut gemm, n, 1),
+                    false,
+                    (&dy, dy_rs, 1),
+                    (&w, 1, w_rs),
+                );
+                let first = fast
+                    .iter()
+                    .zip(&gemm)
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert_eq!(first, None, "{m}×{n}×{k}");
             }
-            let fast = input_grad((&dy, dy_rs), (&w, w_rs), [m, n, k]);
-            let mut gemm = vec![0.0f32; m * n];
-            super::super::matmul(
-                [m, n, k],
-                (&mut gemm, n, 1),
-                false,
-                (&dy, dy_rs, 1),
-                (&w, 1, w_rs),
-            );
-            let first = fast
-                .iter()
-                .zip(&gemm)
-                .position(|(a, b)| a.to_bits() != b.to_bits());
-            assert_eq!(first, None, "{m}×{n}×{k}");
-        }
+        });
         // gemm's other routines: one sample, small products, shallow products; and batches
         // past four vectors.
         for (m, n, k) in [(1, 500, 500), (8, 32, 500), (50, 500, 2), (65, 500, 500)] {

@@ -34,7 +34,10 @@ const MAX_PIXELS: usize = 256;
 /// 5-wide kernels (a kernel row of taps per register tile) or 3×3 kernels (all nine taps per
 /// tile) on maps up to 16×16, where the wide rows and the padding waste 1.46× (16×16) to 2.08×
 /// (8×8) of the products under 5×5 kernels and 1.25× to 1.6× (7×7) under 3×3 ones, and output
-/// channels in whole tiles.
+/// channels in whole tiles. 5-wide kernels from AVX2 up (one vector of channels × 5 taps per
+/// register tile there: CNN3's 8×8 layer 31 → 51 GFLOP/s, `fl bench --kernels`, one thread,
+/// best of three), 3×3 ones on AVX-512 only: AVX2's 16 registers hold a fifth of the tile, and
+/// its parts ran 20% slower than the direct kernels on 16×16 maps and no faster on 8×8 ones.
 pub(super) fn applies(g: &Conv2dGeometry) -> bool {
     let tile = match g.kernel {
         [3, 3] => CHANNEL_TILE_3X3,
@@ -45,7 +48,11 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
         && crate::kernels::direct::applies(g)
         && g.out_plane() <= MAX_PIXELS
         && g.c_out.is_multiple_of(tile)
-        && uses(Isa::Avx512)
+        && uses(if tile == CHANNEL_TILE {
+            Isa::Avx2
+        } else {
+            Isa::Avx512
+        })
 }
 
 /// Weight and bias gradients, the same contract and bits as the direct kernels'.
@@ -53,7 +60,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     let [oh, ow] = g.output;
     let wp = ow + g.kernel[1] - 1;
     // Each lane's real output pixels, in ascending wide position; the lanes in the order the
-    // tree adds them (see `avx512::LaneTree`): lane `l` at position `bit_reverse(l)`.
+    // tree adds them (see `tiles::LaneTree`): lane `l` at position `bit_reverse(l)`.
     let mut classes: Vec<Vec<[usize; 2]>> = vec![Vec::new(); LANES];
     for oy in 0..oh {
         for ox in 0..ow {
@@ -91,7 +98,7 @@ fn chunk(
     let dy_t = class_streams(g, dy, classes, count, tile);
     let padded = wide.pad_inputs(x, g.input_len(), count);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `applies` checked AVX-512F, a 3×3 or 5-wide kernel and whole channel tiles; the
+    // SAFETY: `applies` checked the tier, a 3×3 or 5-wide kernel and whole channel tiles; the
     // buffers are sized from `g` and `wide` above and below.
     unsafe {
         if three {
@@ -106,7 +113,7 @@ fn chunk(
                         .collect()
                 })
                 .collect();
-            let args = avx512::Padded {
+            let args = tiles::Padded {
                 g,
                 wide,
                 count,
@@ -118,11 +125,11 @@ fn chunk(
             // gradients stream past them.
             for ci in 0..g.c_in {
                 for co0 in (0..g.c_out).step_by(CHANNEL_TILE_3X3) {
-                    avx512::taps_3x3(&args, [co0, ci], &mut dw);
+                    tiles::taps_3x3_avx512(&args, [co0, ci], &mut dw);
                 }
             }
         } else {
-            let args = avx512::Chunk {
+            let args = tiles::Chunk {
                 g,
                 wide,
                 count,
@@ -133,7 +140,16 @@ fn chunk(
             for co0 in (0..g.c_out).step_by(CHANNEL_TILE) {
                 for ci in 0..g.c_in {
                     for ky in 0..g.kernel[0] {
-                        avx512::kernel_row::<KERNEL_WIDTH>(&args, [co0, ci, ky], &mut dw);
+                        if uses(Isa::Avx512) {
+                            let at = [co0, ci, ky, 0];
+                            tiles::kernel_row_avx512::<KERNEL_WIDTH, 4>(&args, at, &mut dw);
+                        } else {
+                            // One vector of channels at a time.
+                            for v0 in 0..CHANNEL_TILE / 16 {
+                                let at = [co0, ci, ky, v0];
+                                tiles::kernel_row_avx2::<KERNEL_WIDTH, 1>(&args, at, &mut dw);
+                            }
+                        }
                     }
                 }
             }
@@ -190,16 +206,31 @@ fn class_streams(
     streams
 }
 
+/// The kernels, written once over [`Lanes16`](crate::kernels::lanes16::Lanes16) and compiled
+/// for each tier. A register tile is `V` vectors of 16 output channels × `T` taps of the
+/// streams' channel tile: all of it on AVX-512, a part at a time on AVX2 (16 registers of 8
+/// lanes); each element's chains are the same either way.
 #[cfg(target_arch = "x86_64")]
-pub(super) mod avx512 {
+pub(super) mod tiles {
     use super::{CHANNEL_TILE, CHANNEL_TILE_3X3, Conv2dGeometry, LANES, Wide};
-    use std::arch::x86_64::*;
+    use crate::kernels::lanes16::{Lanes16, tier_entries};
     use std::mem::MaybeUninit;
 
-    const VECTORS: usize = CHANNEL_TILE / 16;
-
     /// One register tile: `[channel vector][tap]`.
-    type Tile<const V: usize, const T: usize> = [[__m512; T]; V];
+    pub(in crate::kernels::cpu) type Tile<L, const V: usize, const T: usize> = [[L; T]; V];
+
+    /// [`taps_3x3`] with AVX-512F, all 32 channels × 9 taps of a tile in registers (AVX2 keeps
+    /// the direct kernels under 3×3 kernels: see [`super::applies`]).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `taps_3x3`'s contract holds.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn taps_3x3_avx512(chunk: &Padded, [co0, ci]: [usize; 2], dw: &mut [f32]) {
+        // SAFETY: the caller upholds the contract.
+        unsafe { taps_3x3::<std::arch::x86_64::__m512, 2, 9>(chunk, [co0, ci, 0, 0], dw) }
+    }
+    tier_entries!(kernel_row_avx512, kernel_row_avx2 =>
+        kernel_row<const KW, const V>(chunk: &Chunk, at: [usize; 4], dw: &mut [f32]));
 
     /// The 16 lane chains of a register tile, added by `_mm512_reduce_add_ps`'s tree (lane `l`
     /// with `l + 8`, then `+ 4`, `+ 2`, `+ 1`) as they arrive: the lanes come in the tree's
@@ -207,15 +238,15 @@ pub(super) mod avx512 {
     /// once both of its halves are known, the earlier one as the first operand, exactly the
     /// tree's additions. At most one partial tile per level waits in memory, where the whole
     /// tree kept (and zeroed) sixteen.
-    struct LaneTree<const V: usize, const T: usize> {
+    struct LaneTree<L, const V: usize, const T: usize> {
         /// `partials[level]`: the sum of the last `2^level` lanes, waiting for its pair;
         /// `partials[4]`: the total.
-        partials: [MaybeUninit<Tile<V, T>>; 5],
+        partials: [MaybeUninit<Tile<L, V, T>>; 5],
         /// Lanes added so far.
         position: usize,
     }
 
-    impl<const V: usize, const T: usize> LaneTree<V, T> {
+    impl<L: Lanes16, const V: usize, const T: usize> LaneTree<L, V, T> {
         /// No lanes yet.
         fn new() -> Self {
             Self {
@@ -225,8 +256,11 @@ pub(super) mod avx512 {
         }
 
         /// Adds the next lane's chains.
-        #[target_feature(enable = "avx512f")]
-        fn push(&mut self, mut sum: Tile<V, T>) {
+        ///
+        /// # Safety
+        /// `L`'s tier.
+        #[inline(always)]
+        unsafe fn push(&mut self, mut sum: Tile<L, V, T>) {
             assert!(self.position < LANES, "lane tree: more than 16 lanes");
             let mut level = 0;
             while self.position >> level & 1 == 1 {
@@ -236,7 +270,8 @@ pub(super) mod avx512 {
                 let earlier = unsafe { self.partials[level].assume_init_read() };
                 for (s, e) in sum.iter_mut().zip(&earlier) {
                     for (s, e) in s.iter_mut().zip(e) {
-                        *s = _mm512_add_ps(*e, *s);
+                        // SAFETY: the tier is the caller's.
+                        *s = unsafe { e.add(*s) };
                     }
                 }
                 level += 1;
@@ -246,7 +281,7 @@ pub(super) mod avx512 {
         }
 
         /// The tree's total, after sixteen lanes.
-        fn total(&self) -> &Tile<V, T> {
+        fn total(&self) -> &Tile<L, V, T> {
             assert_eq!(self.position, LANES, "lane tree: lanes missing");
             // SAFETY: the sixteenth lane (position 15, four trailing ones) wrote level 4.
             unsafe { self.partials[4].assume_init_ref() }
@@ -257,10 +292,10 @@ pub(super) mod avx512 {
     /// weight gradient's `[c_out][taps]` layout, a run of `T` taps per channel.
     ///
     /// # Safety
-    /// AVX-512F; `(co0 + 16·V) · taps <= dw.len()` and `k0 + T <= taps`.
-    #[target_feature(enable = "avx512f")]
-    pub(in crate::kernels::cpu) unsafe fn store_tile<const V: usize, const T: usize>(
-        total: &[[__m512; T]; V],
+    /// `L`'s tier; `(co0 + 16·V) · taps <= dw.len()` and `k0 + T <= taps` (checked).
+    #[inline(always)]
+    pub(in crate::kernels::cpu) unsafe fn store_tile<L: Lanes16, const V: usize, const T: usize>(
+        total: &Tile<L, V, T>,
         [co0, k0, taps]: [usize; 3],
         dw: &mut [f32],
     ) {
@@ -268,8 +303,8 @@ pub(super) mod avx512 {
         let mut sums = [[0.0f32; 16]; T];
         for (v, row) in total.iter().enumerate() {
             for (sum, vector) in sums.iter_mut().zip(row) {
-                // SAFETY: `sum` holds 16 floats.
-                unsafe { _mm512_storeu_ps(sum.as_mut_ptr(), *vector) };
+                // SAFETY: `sum` holds 16 floats; the tier is the caller's.
+                unsafe { vector.store(sum.as_mut_ptr()) };
             }
             for c in 0..16 {
                 let run = &mut dw[(co0 + 16 * v + c) * taps + k0..][..T];
@@ -292,19 +327,22 @@ pub(super) mod avx512 {
         pub(super) reads: &'a [Vec<usize>],
     }
 
-    /// `dw[co0..co0 + 32, (ci, ky, kx)]` for all nine taps: per lane class, a chain over the
-    /// chunk's samples and the class's pixels (padding products included: they add zeros),
-    /// then [`LaneTree`].
+    /// `dw[co0 + 16·v0 .. + 16·V, (ci, t0 .. t0 + T)]` (taps `t = 3·ky + kx`): per lane class,
+    /// a chain over the chunk's samples and the class's pixels (padding products included:
+    /// they add zeros), then [`LaneTree`].
     ///
     /// # Safety
-    /// AVX-512F; `g.kernel == [3, 3]`, `wide` is `g`'s layout, `padded` holds `count` padded
+    /// `L`'s tier; `g.kernel == [3, 3]`, `wide` is `g`'s layout, `padded` holds `count` padded
     /// inputs of `wide.input_len` floats, `dy_t` their output gradients in class streams,
     /// `dw` `c_out · c_in·9` floats, `co0` a multiple of 32 with `co0 + 32 <= c_out`,
-    /// `ci < c_in`, and `reads` holds `n·input_len + oy·Wp + ox` for every sample `n` and
-    /// output pixel `(oy, ox)`, each once.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn taps_3x3(chunk: &Padded, [co0, ci]: [usize; 2], dw: &mut [f32]) {
-        const V: usize = CHANNEL_TILE_3X3 / 16;
+    /// `16·(v0 + V) <= 32`, `t0 + T <= 9`, `ci < c_in`, and `reads` holds
+    /// `n·input_len + oy·Wp + ox` for every sample `n` and output pixel `(oy, ox)`, each once.
+    #[inline(always)]
+    unsafe fn taps_3x3<L: Lanes16, const V: usize, const T: usize>(
+        chunk: &Padded,
+        [co0, ci, v0, t0]: [usize; 4],
+        dw: &mut [f32],
+    ) {
         let Padded {
             g,
             wide,
@@ -314,7 +352,9 @@ pub(super) mod avx512 {
             reads,
         } = *chunk;
         let ([hp, wp], pixels) = (wide.padded, g.out_plane());
-        let offsets: [usize; 9] = std::array::from_fn(|t| ci * hp * wp + t / 3 * wp + t % 3);
+        assert!(16 * (v0 + V) <= CHANNEL_TILE_3X3 && t0 + T <= 9);
+        let offsets: [usize; T] =
+            std::array::from_fn(|t| ci * hp * wp + (t0 + t) / 3 * wp + (t0 + t) % 3);
         assert!(g.kernel == [3, 3] && co0 + CHANNEL_TILE_3X3 <= g.c_out && ci < g.c_in);
         assert!(co0.is_multiple_of(CHANNEL_TILE_3X3));
         assert!(
@@ -328,27 +368,27 @@ pub(super) mod avx512 {
         // the tile's stream `count·pixels·32` floats from `co0·count·pixels`, within
         // `count·c_out·pixels`.
         unsafe {
-            // This tile's stream, class after class.
-            let mut d = dy_t.as_ptr().add(co0 * count * pixels);
+            // This tile's stream, class after class, at the register tile's channels.
+            let mut d = dy_t.as_ptr().add(co0 * count * pixels + 16 * v0);
             let x = padded.as_ptr();
-            let zero = [[_mm512_setzero_ps(); 9]; V];
-            let mut tree = LaneTree::<V, 9>::new();
+            let zero: Tile<L, V, T> = [[L::zero(); T]; V];
+            let mut tree = LaneTree::<L, V, T>::new();
             for reads in reads {
                 let mut acc = zero;
                 for &at in reads {
-                    let dv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(d.add(v * 16)));
+                    let dv: [L; V] = std::array::from_fn(|v| L::load(d.add(v * 16)));
                     d = d.add(CHANNEL_TILE_3X3);
                     let xp = x.add(at);
                     for (t, &offset) in offsets.iter().enumerate() {
-                        let xb = _mm512_set1_ps(*xp.add(offset));
+                        let xb = L::splat(*xp.add(offset));
                         for (v, a) in acc.iter_mut().enumerate() {
-                            a[t] = _mm512_fmadd_ps(dv[v], xb, a[t]);
+                            a[t] = dv[v].mul_add(xb, a[t]);
                         }
                     }
                 }
                 tree.push(acc);
             }
-            store_tile(tree.total(), [co0, ci * 9, g.col_rows()], dw);
+            store_tile(tree.total(), [co0 + 16 * v0, ci * 9 + t0, g.col_rows()], dw);
         }
     }
 
@@ -364,20 +404,20 @@ pub(super) mod avx512 {
         pub(super) classes: &'a [Vec<[usize; 2]>],
     }
 
-    /// `dw[co0..co0 + 64, (ci, ky, kx)]` for every `kx`: per lane class, a chain over the
+    /// `dw[co0 + 16·v0 .. + 16·V, (ci, ky, kx)]` for every `kx`: per lane class, a chain over the
     /// chunk's samples and the class's pixels whose kernel row reads the image (the columns
     /// on the padding add zeros: no branch per tap), then the 16 chains added by
     /// [`LaneTree`].
     ///
     /// # Safety
-    /// AVX-512F; `KW == g.kernel[1]`; `wide` is `g`'s layout, `padded` holds `count` padded
+    /// `L`'s tier; `KW == g.kernel[1]`; `wide` is `g`'s layout, `padded` holds `count` padded
     /// inputs of `wide.input_len` floats, `dy_t` their output gradients in class streams, `dw`
     /// `c_out · c_in·kh·kw` floats, `co0` a multiple of 64 with `co0 + 64 <= c_out`,
-    /// `ci < c_in`, `ky < kh`, and `classes` lists each output pixel once.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn kernel_row<const KW: usize>(
+    /// `16·(v0 + V) <= 64`, `ci < c_in`, `ky < kh`, and `classes` lists each output pixel once.
+    #[inline(always)]
+    unsafe fn kernel_row<L: Lanes16, const KW: usize, const V: usize>(
         chunk: &Chunk,
-        [co0, ci, ky]: [usize; 3],
+        [co0, ci, ky, v0]: [usize; 4],
         dw: &mut [f32],
     ) {
         let Chunk {
@@ -391,6 +431,7 @@ pub(super) mod avx512 {
         let ([h, ph], [hp, wp]) = ([g.input[0], g.pad_begin[0]], wide.padded);
         assert!(KW == g.kernel[1] && co0 + CHANNEL_TILE <= g.c_out && ci < g.c_in);
         assert!(co0.is_multiple_of(CHANNEL_TILE) && ky < g.kernel[0]);
+        assert!(16 * (v0 + V) <= CHANNEL_TILE);
         assert!(padded.len() >= count * wide.input_len && dy_t.len() >= count * g.output_len());
         assert!(
             (ci + 1) * hp * wp <= wide.input_len
@@ -405,10 +446,10 @@ pub(super) mod avx512 {
         // padded input; the tile's stream is `count·pixels·64` floats from
         // `co0·count·pixels`, within `count·c_out·pixels`.
         unsafe {
-            // This tile's stream, class after class.
-            let mut d = dy_t.as_ptr().add(co0 * count * g.out_plane());
-            let zero = [[_mm512_setzero_ps(); KW]; VECTORS];
-            let mut tree = LaneTree::<VECTORS, KW>::new();
+            // This tile's stream, class after class, at the register tile's channels.
+            let mut d = dy_t.as_ptr().add(co0 * count * g.out_plane() + 16 * v0);
+            let zero: Tile<L, V, KW> = [[L::zero(); KW]; V];
+            let mut tree = LaneTree::<L, V, KW>::new();
             for class in classes {
                 let mut acc = zero;
                 for n in 0..count {
@@ -421,13 +462,12 @@ pub(super) mod avx512 {
                         if row < ph || row >= h + ph {
                             continue;
                         }
-                        let dv: [__m512; VECTORS] =
-                            std::array::from_fn(|v| _mm512_loadu_ps(pixel.add(v * 16)));
+                        let dv: [L; V] = std::array::from_fn(|v| L::load(pixel.add(v * 16)));
                         let xp = plane.add(row * wp + ox);
                         for kx in 0..KW {
-                            let xb = _mm512_set1_ps(*xp.add(kx));
+                            let xb = L::splat(*xp.add(kx));
                             for (v, a) in acc.iter_mut().enumerate() {
-                                a[kx] = _mm512_fmadd_ps(dv[v], xb, a[kx]);
+                                a[kx] = dv[v].mul_add(xb, a[kx]);
                             }
                         }
                     }
@@ -435,7 +475,7 @@ pub(super) mod avx512 {
                 tree.push(acc);
             }
             let row = (ci * g.kernel[0] + ky) * KW;
-            store_tile(tree.total(), [co0, row, g.col_rows()], dw);
+            store_tile(tree.total(), [co0 + 16 * v0, row, g.col_rows()], dw);
         }
     }
 }

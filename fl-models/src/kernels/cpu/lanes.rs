@@ -28,14 +28,17 @@ use rayon::prelude::*;
 use super::{Aligned, Conv2dGeometry, common_depth_block, par_zeroed};
 use crate::kernels::isa::{Isa, uses};
 
-/// Samples per vector (AVX-512 lanes).
+/// Samples per vector ([`Lanes16`](crate::kernels::lanes16::Lanes16): one AVX-512 register or two AVX2 ones).
 const LANES: usize = 16;
 /// Channels per packed weight tile (one cache line of a tap's weights) and per task.
 const TILE: usize = 16;
-/// Channels per register tile: a task runs its tile's two halves one after the other, each
-/// with 8 × [`PAIR`] running sums, so each weight broadcast feeds two vectors of samples (one
-/// broadcast per multiply-add kept two load ports as busy as the two FMA ports).
+/// Channels per register tile on AVX-512: a task runs its tile's two halves one after the
+/// other, each with 8 × [`PAIR`] running sums, so each weight broadcast feeds two vectors of
+/// samples (one broadcast per multiply-add kept two load ports as busy as the two FMA ports).
 const PART: usize = 8;
+/// Channels per register tile on AVX2 (16 registers of 8 lanes): 4 × one group of samples,
+/// 8 registers of running sums.
+const PART_AVX2: usize = 4;
 /// Groups of samples per task (two vectors of samples per register tile).
 const PAIR: usize = 2;
 /// The forward pass's input channels per chunk read about this many bytes of input (the L1
@@ -83,11 +86,12 @@ impl Order {
     }
 }
 
-/// Whether this kernel takes `g`: an AVX-512 CPU, a map of at most [`MAX_PIXELS`] outputs whose
-/// taps read the padding at least 15% of the time (`fl bench --kernels`, one thread: 7×7 maps
-/// under 3×3 kernels, 18% padding, run 9–16% faster here than on the direct kernels; 8×8 ones,
-/// 16%, 10–18% faster since the layout copies run in registers; 16×16 ones, 8%, stay on the
-/// direct kernels; any amount under strides, see [`takes_map`]),
+/// Whether this kernel takes `g`: an AVX-512 CPU or one with AVX2 and FMA, a map of at most
+/// [`MAX_PIXELS`] outputs whose taps read the padding at least 15% of the time (`fl bench
+/// --kernels`, one thread, AVX-512: 7×7 maps under 3×3 kernels, 18% padding, run 9–16% faster
+/// here than on the direct kernels; 8×8 ones, 16%, 10–18% faster since the layout copies run
+/// in registers; 16×16 ones, 8%, stay on the direct kernels; AVX2 and strides: see
+/// [`takes_map`]),
 /// enough samples to fill three quarters of the vectors, and enough channels to fill three
 /// quarters of the tiles.
 fn applies(g: &Conv2dGeometry) -> bool {
@@ -97,17 +101,23 @@ fn applies(g: &Conv2dGeometry) -> bool {
         && full(g.batch, LANES)
         && full(g.c_out, TILE)
         && full(g.c_in, TILE)
-        && uses(Isa::Avx512)
+        && uses(Isa::Avx2)
 }
 
 /// A map of at most [`MAX_PIXELS`] outputs whose taps read the padding at least 15% of the
-/// time, or any such map of a strided convolution (whose other path is im2col, not the direct
-/// kernels: ResNet-20's stride-2 layer into its 8×8 stage, 8% padding, trains about 1% faster
-/// and evaluates 6% faster this way).
+/// time (25% on AVX2), or any such map of a strided convolution (whose other path is im2col,
+/// not the direct kernels: ResNet-20's stride-2 layer into its 8×8 stage, 8% padding, trains
+/// about 1% faster and evaluates 6% faster this way). AVX2's register tiles are a quarter of
+/// AVX-512's (4 channels × one vector of samples, not 8 × 2): there the direct kernels stay
+/// faster on 8×8 and 7×7 maps under 3×3 kernels (16% and 18% padding: forward 35–40% of the
+/// FMA peak across samples, 45–55% direct, `fl bench --kernels`, best of three), while 8×8
+/// maps under 5×5 kernels (28%) and the smaller maps gain.
 fn takes_map(g: &Conv2dGeometry) -> bool {
+    let valid_percent = if uses(Isa::Avx512) { 85 } else { 75 };
     (1..=MAX_PIXELS).contains(&g.out_plane())
         && (g.stride != [1, 1]
-            || 100 * valid_taps_total(g) <= 85 * g.out_plane() * g.kernel[0] * g.kernel[1])
+            || 100 * valid_taps_total(g)
+                <= valid_percent * g.out_plane() * g.kernel[0] * g.kernel[1])
 }
 
 /// The (pixel, tap) pairs of one channel whose tap reads the input, not the padding.
@@ -145,12 +155,7 @@ fn to_lanes(
                     i
                 }
             };
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: this kernel runs only where `applies` checked AVX-512F; `dst` holds
-            // `per_sample` vectors and `at` maps `0..per_sample` onto them.
-            unsafe {
-                avx512::to_lanes_group(src, per_sample, dst, at);
-            }
+            to_lanes_group(src, per_sample, dst, at);
         });
     out
 }
@@ -165,10 +170,15 @@ fn from_lanes(tiled: &[f32], batch: usize, channels: usize, pixels: usize) -> Ve
         .for_each(|(group, dst)| {
             let src = &tiled[group * pixels * TILE * LANES..];
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as in `to_lanes`; `src` starts at the group's first tile, the others
-            // `tile_stride` floats apart, for `dst`'s samples.
+            // SAFETY: this kernel runs only where `applies` checked the tier; `src` starts at
+            // the group's first tile, the others `tile_stride` floats apart, for `dst`'s
+            // samples.
             unsafe {
-                avx512::from_lanes_group(src, [channels, pixels], tile_stride, dst);
+                if uses(Isa::Avx512) {
+                    tiles::from_lanes_avx512(src, [channels, pixels], tile_stride, dst);
+                } else {
+                    tiles::from_lanes_avx2(src, [channels, pixels], tile_stride, dst);
+                }
             }
         });
     out
@@ -198,18 +208,72 @@ pub(super) fn forward(
         let x_group = |i: usize| &xs[(group + i) * len..][..len];
         let w_tile = &packed[tile * rows * TILE..][..rows * TILE];
         let b_tile = &bias_padded[tile * TILE..][..TILE];
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `applies` checked AVX-512F; the slices above have the lengths
-        // `forward_tile` requires, `dst` one or two groups' outputs.
-        unsafe {
-            if dst.len() == PAIR * g.out_plane() * TILE * LANES {
-                let x = [x_group(0), x_group(1)];
-                avx512::forward_tile(g, order, x, w_tile, b_tile, dst);
-            } else {
-                avx512::forward_tile(g, order, [x_group(0)], w_tile, b_tile, dst);
-            }
+        if dst.len() == PAIR * g.out_plane() * TILE * LANES {
+            forward_groups(g, order, [x_group(0), x_group(1)], w_tile, b_tile, dst);
+        } else {
+            forward_groups(g, order, [x_group(0)], w_tile, b_tile, dst);
         }
     })
+}
+
+/// One group of [`to_lanes`] on the active tier (see `tiles::to_lanes_group`).
+fn to_lanes_group(src: &[f32], per_sample: usize, dst: &mut [f32], at: impl Fn(usize) -> usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: this kernel runs only where `applies` checked the tier; `to_lanes_group` checks
+    // the lengths.
+    unsafe {
+        if uses(Isa::Avx512) {
+            tiles::to_lanes_avx512(src, per_sample, dst, at);
+        } else {
+            tiles::to_lanes_avx2(src, per_sample, dst, at);
+        }
+    }
+}
+
+/// `tiles::forward_tile` for `V` groups of samples on the active tier: at once on AVX-512,
+/// one after the other on AVX2 (whose registers hold [`PART_AVX2`] × one group of sums).
+fn forward_groups<const V: usize>(
+    g: &Conv2dGeometry,
+    order: Order,
+    x: [&[f32]; V],
+    w: &[f32],
+    bias: &[f32],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `applies` checked the tier; the callers' slices have the lengths `forward_tile`
+    // requires, `out` `V` groups' outputs.
+    unsafe {
+        if uses(Isa::Avx512) {
+            tiles::forward_avx512::<V, PART>(g, order, x, w, bias, out);
+        } else {
+            for (x, out) in x.into_iter().zip(out.chunks_exact_mut(out.len() / V)) {
+                tiles::forward_avx2::<1, PART_AVX2>(g, order, [x], w, bias, out);
+            }
+        }
+    }
+}
+
+/// `tiles::input_grad_tile` for `V` groups of samples on the active tier, as
+/// [`forward_groups`].
+fn input_grad_groups<const V: usize>(
+    g: &Conv2dGeometry,
+    order: Order,
+    dy: [&[f32]; V],
+    w: &[f32],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as in `forward_groups`, for `input_grad_tile`.
+    unsafe {
+        if uses(Isa::Avx512) {
+            tiles::input_grad_avx512::<V, PART>(g, order, dy, w, out);
+        } else {
+            for (dy, out) in dy.into_iter().zip(out.chunks_exact_mut(out.len() / V)) {
+                tiles::input_grad_avx2::<1, PART_AVX2>(g, order, [dy], w, out);
+            }
+        }
+    }
 }
 
 /// Runs `task(group, tile, out)` on the thread pool for every pair of groups of [`LANES`]
@@ -253,11 +317,8 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32], order: 
             let count = (g.c_in - tile * TILE).min(TILE);
             for o in 0..g.c_out {
                 let src = &weight[(o * g.c_in + tile * TILE) * taps..][..count * taps];
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as in `to_lanes`; tap `k` goes to vector `k · c_out + o` of `dst`.
-                unsafe {
-                    avx512::to_lanes_group(src, taps, dst, |k| k * g.c_out + o);
-                }
+                // Tap `k` goes to vector `k · c_out + o` of `dst`.
+                to_lanes_group(src, taps, dst, |k| k * g.c_out + o);
             }
         });
     // Output gradients pixel-major, so a pixel's channels are consecutive vectors.
@@ -266,15 +327,10 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32], order: 
         let len = g.output_len() * LANES;
         let dy_group = |i: usize| &dys[(group + i) * len..][..len];
         let w_tile = &packed[tile * taps * g.c_out * TILE..][..taps * g.c_out * TILE];
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `forward`, for `input_grad_tile`.
-        unsafe {
-            if dst.len() == PAIR * g.in_plane() * TILE * LANES {
-                let dy = [dy_group(0), dy_group(1)];
-                avx512::input_grad_tile(g, order, dy, w_tile, dst);
-            } else {
-                avx512::input_grad_tile(g, order, [dy_group(0)], w_tile, dst);
-            }
+        if dst.len() == PAIR * g.in_plane() * TILE * LANES {
+            input_grad_groups(g, order, [dy_group(0), dy_group(1)], w_tile, dst);
+        } else {
+            input_grad_groups(g, order, [dy_group(0)], w_tile, dst);
         }
     })
 }
@@ -287,56 +343,36 @@ fn valid_taps(o: usize, kernel: usize, stride: usize, pad: usize, size: usize) -
     (lo, hi.max(lo))
 }
 
+/// The kernels, written once over [`Lanes16`] and compiled for each tier (`tier_entries!`).
 #[cfg(target_arch = "x86_64")]
-pub(super) mod avx512 {
+mod tiles {
     use super::super::first_lanes;
-    use super::{CHUNK_BYTES, Conv2dGeometry, LANES, Order, PART, TILE, valid_taps};
-    use std::arch::x86_64::*;
+    use super::{CHUNK_BYTES, Conv2dGeometry, LANES, Order, TILE, valid_taps};
+    use crate::kernels::lanes16::{Lanes16, tier_entries};
 
-    /// [`PART`] channels × `V` vectors of samples.
-    type Sums<const V: usize> = [[__m512; V]; PART];
+    /// `PART` channels × `V` vectors of samples.
+    type Sums<L, const V: usize, const PART: usize> = [[L; V]; PART];
 
-    /// Transposes 16 vectors of 16 floats in registers: `rows[i][j]` becomes `rows[j][i]`.
-    #[inline(always)]
-    pub(in crate::kernels::cpu) fn transpose(rows: &mut [__m512; 16]) {
-        // SAFETY: register shuffles only; the callers run with AVX-512F enabled.
-        unsafe {
-            // Pairs of rows interleaved by 32 bits, then by 64, then 128-bit blocks twice.
-            let mut t = [_mm512_setzero_ps(); 16];
-            for i in 0..8 {
-                t[2 * i] = _mm512_unpacklo_ps(rows[2 * i], rows[2 * i + 1]);
-                t[2 * i + 1] = _mm512_unpackhi_ps(rows[2 * i], rows[2 * i + 1]);
-            }
-            let pd = _mm512_castps_pd;
-            for i in 0..4 {
-                let (a, b, c, d) = (t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]);
-                rows[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(a), pd(c)));
-                rows[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(a), pd(c)));
-                rows[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(b), pd(d)));
-                rows[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(b), pd(d)));
-            }
-            for half in 0..2 {
-                for j in 0..4 {
-                    let (a, b) = (rows[8 * half + j], rows[8 * half + 4 + j]);
-                    t[8 * half + j] = _mm512_shuffle_f32x4::<0x88>(a, b);
-                    t[8 * half + 4 + j] = _mm512_shuffle_f32x4::<0xdd>(a, b);
-                }
-            }
-            for j in 0..8 {
-                rows[j] = _mm512_shuffle_f32x4::<0x88>(t[j], t[8 + j]);
-                rows[8 + j] = _mm512_shuffle_f32x4::<0xdd>(t[j], t[8 + j]);
-            }
-        }
-    }
+    tier_entries!(to_lanes_avx512, to_lanes_avx2 =>
+        to_lanes_group<>(src: &[f32], per_sample: usize, dst: &mut [f32],
+            at: impl Fn(usize) -> usize));
+    tier_entries!(from_lanes_avx512, from_lanes_avx2 =>
+        from_lanes_group<>(src: &[f32], shape: [usize; 2], tile_stride: usize, dst: &mut [f32]));
+    tier_entries!(forward_avx512, forward_avx2 =>
+        forward_tile<const V, const PART>(g: &Conv2dGeometry, order: Order, x: [&[f32]; V],
+            w: &[f32], bias: &[f32], out: &mut [f32]));
+    tier_entries!(input_grad_avx512, input_grad_avx2 =>
+        input_grad_tile<const V, const PART>(g: &Conv2dGeometry, order: Order,
+            dy: [&[f32]; V], w: &[f32], out: &mut [f32]));
 
     /// One group of [`super::to_lanes`]: `src` holds 1–16 samples of `per_sample` floats; value
     /// `i` of sample `lane` goes to `dst[at(i) · LANES + lane]`, zeros in the missing lanes.
     ///
     /// # Safety
-    /// AVX-512F; `src.len()` a multiple of `per_sample` of at most 16 samples (checked, as is
-    /// `at(i) < dst.len() / LANES` for every `i < per_sample`).
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn to_lanes_group(
+    /// `L`'s tier; `src.len()` a multiple of `per_sample` of at most 16 samples (checked, as
+    /// is `at(i) < dst.len() / LANES` for every `i < per_sample`).
+    #[inline(always)]
+    unsafe fn to_lanes_group<L: Lanes16>(
         src: &[f32],
         per_sample: usize,
         dst: &mut [f32],
@@ -347,19 +383,19 @@ pub(super) mod avx512 {
         for i0 in (0..per_sample).step_by(16) {
             let len = (per_sample - i0).min(16);
             let mask = first_lanes(len);
-            let mut rows = [_mm512_setzero_ps(); 16];
+            // SAFETY: the tier is the caller's; register operations only.
+            let mut rows = [unsafe { L::zero() }; 16];
             for (lane, row) in rows.iter_mut().enumerate().take(count) {
                 // SAFETY: the masked floats `lane · per_sample + i0 .. + len` lie in `src`.
-                *row = unsafe {
-                    _mm512_maskz_loadu_ps(mask, src.as_ptr().add(lane * per_sample + i0))
-                };
+                *row = unsafe { L::load_masked(src.as_ptr().add(lane * per_sample + i0), mask) };
             }
-            transpose(&mut rows);
+            // SAFETY: as above.
+            unsafe { L::transpose(&mut rows) };
             for (k, row) in rows.iter().enumerate().take(len) {
                 let to = at(i0 + k);
                 assert!(to < dst.len() / LANES);
                 // SAFETY: `to < dst.len() / LANES`, so the vector lies in `dst`.
-                unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(to * LANES), *row) };
+                unsafe { row.store(dst.as_mut_ptr().add(to * LANES)) };
             }
         }
     }
@@ -368,10 +404,10 @@ pub(super) mod avx512 {
     /// `tile_stride` floats apart, `dst` 1–16 samples `[channels][pixels]`.
     ///
     /// # Safety
-    /// AVX-512F; `src` holds `(channels.div_ceil(TILE) − 1) · tile_stride + pixels · TILE ·
+    /// `L`'s tier; `src` holds `(channels.div_ceil(TILE) − 1) · tile_stride + pixels · TILE ·
     /// LANES` floats and `dst.len()` is a multiple of `channels · pixels` of at most 16 samples.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn from_lanes_group(
+    #[inline(always)]
+    unsafe fn from_lanes_group<L: Lanes16>(
         src: &[f32],
         [channels, pixels]: [usize; 2],
         tile_stride: usize,
@@ -387,77 +423,85 @@ pub(super) mod avx512 {
             for p0 in (0..pixels).step_by(16) {
                 let len = (pixels - p0).min(16);
                 let mask = first_lanes(len);
-                let mut rows = [_mm512_setzero_ps(); 16];
+                // SAFETY: the tier is the caller's; register operations only.
+                let mut rows = [unsafe { L::zero() }; 16];
                 for (k, row) in rows.iter_mut().enumerate().take(len) {
                     // SAFETY: pixel `p0 + k < pixels` of channel `c`'s tile lies in `src`.
-                    *row = unsafe { _mm512_loadu_ps(lines.add((p0 + k) * TILE * LANES)) };
+                    *row = unsafe { L::load(lines.add((p0 + k) * TILE * LANES)) };
                 }
-                transpose(&mut rows);
+                // SAFETY: as above.
+                unsafe { L::transpose(&mut rows) };
                 for (lane, row) in rows.iter().enumerate().take(count) {
                     let to = lane * per_sample + c * pixels + p0;
                     assert!(to + len <= dst.len());
                     // SAFETY: the masked floats `to .. to + len` lie in `dst`.
-                    unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr().add(to), mask, *row) };
+                    unsafe { row.store_masked(dst.as_mut_ptr().add(to), mask) };
                 }
             }
         }
     }
 
-    /// Adds `sums` onto the [`PART`] × `V` vectors at `dst(v) + t · LANES`.
+    /// Adds `sums` onto the `PART` × `V` vectors at `dst(v) + t · LANES`.
     ///
     /// # Safety
-    /// AVX-512F; each `dst(v)` points at `PART · LANES` writable floats.
+    /// `L`'s tier; each `dst(v)` points at `PART · LANES` writable floats.
     #[inline(always)]
-    unsafe fn add_onto<const V: usize>(dst: &[*mut f32; V], sums: &Sums<V>) {
+    unsafe fn add_onto<L: Lanes16, const V: usize, const PART: usize>(
+        dst: &[*mut f32; V],
+        sums: &Sums<L, V, PART>,
+    ) {
         for (t, s) in sums.iter().enumerate() {
             for (d, s) in dst.iter().zip(s) {
                 // SAFETY: the caller upholds this function's contract.
                 unsafe {
                     let at = d.add(t * LANES);
-                    _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), *s));
+                    L::load(at).add(*s).store(at);
                 }
             }
         }
     }
 
-    /// Stores `sums` at the [`PART`] × `V` vectors `dst(v) + t · LANES`.
+    /// Stores `sums` at the `PART` × `V` vectors `dst(v) + t · LANES`.
     ///
     /// # Safety
-    /// AVX-512F; each `dst(v)` points at `PART · LANES` writable floats.
+    /// `L`'s tier; each `dst(v)` points at `PART · LANES` writable floats.
     #[inline(always)]
-    unsafe fn store<const V: usize>(dst: &[*mut f32; V], sums: &Sums<V>) {
+    unsafe fn store<L: Lanes16, const V: usize, const PART: usize>(
+        dst: &[*mut f32; V],
+        sums: &Sums<L, V, PART>,
+    ) {
         for (t, s) in sums.iter().enumerate() {
             for (d, s) in dst.iter().zip(s) {
                 // SAFETY: the caller upholds this function's contract.
-                unsafe { _mm512_storeu_ps(d.add(t * LANES), *s) };
+                unsafe { s.store(d.add(t * LANES)) };
             }
         }
     }
 
-    /// The [`PART`] × `V` vectors at `dst(v) + t · LANES`, as [`store`] writes them.
+    /// The `PART` × `V` vectors at `dst(v) + t · LANES`, as [`store`] writes them.
     ///
     /// # Safety
-    /// AVX-512F; each `dst(v)` points at `PART · LANES` readable floats.
+    /// `L`'s tier; each `dst(v)` points at `PART · LANES` readable floats.
     #[inline(always)]
-    unsafe fn load<const V: usize>(dst: &[*mut f32; V]) -> Sums<V> {
+    unsafe fn load<L: Lanes16, const V: usize, const PART: usize>(
+        dst: &[*mut f32; V],
+    ) -> Sums<L, V, PART> {
         // SAFETY: the caller upholds this function's contract.
-        std::array::from_fn(|t| {
-            std::array::from_fn(|v| unsafe { _mm512_loadu_ps(dst[v].add(t * LANES)) })
-        })
+        std::array::from_fn(|t| std::array::from_fn(|v| unsafe { L::load(dst[v].add(t * LANES)) }))
     }
 
     /// One channel tile of `V` groups of samples: `out[v][p][t][lane]` for every output pixel
-    /// `p`, a half tile ([`PART`] channels) at a time, over the input channels in chunks
+    /// `p`, `PART` channels of the tile at a time, over the input channels in chunks
     /// whose inputs stay in the L1 cache: each output's chain pauses at a chunk's end (its
     /// running sums kept in `out` for the direct order, in `state` with the depth block's
     /// index for gemm's) and resumes at the next, the same chain as without chunks.
     ///
     /// # Safety
-    /// AVX-512F; each `x[v]` holds a group's input `[c_in][h][w][LANES]`, `w` the tile's
+    /// `L`'s tier; each `x[v]` holds a group's input `[c_in][h][w][LANES]`, `w` the tile's
     /// weights `[c_in·kh·kw][TILE]`, `bias` [`TILE`] floats and `out`
     /// `V · out_plane · TILE · LANES`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn forward_tile<const V: usize>(
+    #[inline(always)]
+    unsafe fn forward_tile<L: Lanes16, const V: usize, const PART: usize>(
         g: &Conv2dGeometry,
         order: Order,
         x: [&[f32]; V],
@@ -468,9 +512,9 @@ pub(super) mod avx512 {
         // SAFETY: the same contract.
         unsafe {
             if order.from_bias {
-                forward_chains::<V, false>(g, order, x, w, bias, out);
+                forward_chains::<L, V, PART, false>(g, order, x, w, bias, out);
             } else {
-                forward_chains::<V, true>(g, order, x, w, bias, out);
+                forward_chains::<L, V, PART, true>(g, order, x, w, bias, out);
             }
         }
     }
@@ -481,8 +525,8 @@ pub(super) mod avx512 {
     ///
     /// # Safety
     /// As [`forward_tile`], with `BLOCKED == !order.from_bias`.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn forward_chains<const V: usize, const BLOCKED: bool>(
+    #[inline(always)]
+    unsafe fn forward_chains<L: Lanes16, const V: usize, const PART: usize, const BLOCKED: bool>(
         g: &Conv2dGeometry,
         order: Order,
         x: [&[f32]; V],
@@ -491,6 +535,7 @@ pub(super) mod avx512 {
         out: &mut [f32],
     ) {
         assert_eq!(BLOCKED, !order.from_bias);
+        assert!(TILE.is_multiple_of(PART));
         let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
         let rows = g.c_in * kh * kw;
         assert!(x.iter().all(|x| x.len() >= g.c_in * h * wd * LANES));
@@ -500,8 +545,9 @@ pub(super) mod avx512 {
         let blocks = rows.div_ceil(kc);
         // Input channels per chunk: the chunk's planes of all `V` groups in about 32 KiB.
         let chunk = (CHUNK_BYTES / (V * h * wd * LANES * 4)).max(1);
-        let zero = [[_mm512_setzero_ps(); V]; PART];
-        // Per half tile and pixel: the running sums of the current depth block and its index
+        // SAFETY: the tier is the caller's.
+        let zero: Sums<L, V, PART> = [[unsafe { L::zero() }; V]; PART];
+        // Per part of the tile and pixel: the running sums of the current depth block and its index
         // (gemm order; the direct order's one chain pauses in `out` itself).
         let states = if BLOCKED { oh * ow } else { 0 };
         let mut state = vec![(zero, 0usize); TILE / PART * states];
@@ -512,8 +558,8 @@ pub(super) mod avx512 {
                 let c1 = (c0 + chunk).min(g.c_in);
                 for half in (0..TILE).step_by(PART) {
                     let state = &mut state[half / PART * states..][..states];
-                    let bias: Sums<V> =
-                        std::array::from_fn(|t| [_mm512_set1_ps(bias[half + t]); V]);
+                    let bias: Sums<L, V, PART> =
+                        std::array::from_fn(|t| [L::splat(bias[half + t]); V]);
                     for oy in 0..oh {
                         let (ky_lo, ky_hi) = valid_taps(oy, kh, g.stride[0], g.pad_begin[0], h);
                         for ox in 0..ow {
@@ -551,12 +597,11 @@ pub(super) mod avx512 {
                                             block += 1;
                                             next += kc;
                                         }
-                                        let xv: [__m512; V] =
-                                            std::array::from_fn(|v| _mm512_loadu_ps(xp[v]));
+                                        let xv: [L; V] = std::array::from_fn(|v| L::load(xp[v]));
                                         for (t, s) in sums.iter_mut().enumerate() {
-                                            let wt = _mm512_set1_ps(*wk.add(t));
+                                            let wt = L::splat(*wk.add(t));
                                             for (s, xv) in s.iter_mut().zip(&xv) {
-                                                *s = _mm512_fmadd_ps(wt, *xv, *s);
+                                                *s = wt.mul_add(*xv, *s);
                                             }
                                         }
                                         xp = std::array::from_fn(|v| xp[v].add(LANES));
@@ -584,14 +629,14 @@ pub(super) mod avx512 {
 
     /// One input-channel tile of `V` groups of samples: `out[v][q][t][lane]` for every input
     /// pixel `q`, its taps in (ky, kx) order, each a chain over the output channels (in depth
-    /// blocks) for one half tile ([`PART`] channels) and then the other.
+    /// blocks) for `PART` channels of the tile at a time.
     ///
     /// # Safety
-    /// AVX-512F; each `dy[v]` holds a group's output gradient `[out_plane][c_out][LANES]`, `w`
-    /// the tile's weights `[kh·kw][c_out][TILE]` and `out` `V · h · w · TILE · LANES` zeroed
-    /// floats.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn input_grad_tile<const V: usize>(
+    /// `L`'s tier; each `dy[v]` holds a group's output gradient `[out_plane][c_out][LANES]`,
+    /// `w` the tile's weights `[kh·kw][c_out][TILE]` and `out` `V · h · w · TILE · LANES`
+    /// zeroed floats.
+    #[inline(always)]
+    unsafe fn input_grad_tile<L: Lanes16, const V: usize, const PART: usize>(
         g: &Conv2dGeometry,
         order: Order,
         dy: [&[f32]; V],
@@ -604,6 +649,7 @@ pub(super) mod avx512 {
         assert!(dy.iter().all(|dy| dy.len() >= oh * ow * g.c_out * LANES));
         assert!(w.len() >= kh * kw * g.c_out * TILE);
         assert!(out.len() >= V * h * wd * TILE * LANES);
+        assert!(TILE.is_multiple_of(PART));
         let kc = order.input_kc;
         // The output index `o` that tap `k` of input index `i` comes from, if any.
         let source = |i: usize, k: usize, s: usize, pad: usize, size: usize| {
@@ -612,7 +658,7 @@ pub(super) mod avx512 {
         };
         // SAFETY: the asserts bound every access (`source` yields pixels inside the output).
         unsafe {
-            let zero = [[_mm512_setzero_ps(); V]; PART];
+            let zero: Sums<L, V, PART> = [[L::zero(); V]; PART];
             for iy in 0..h {
                 for ix in 0..wd {
                     for ky in 0..kh {
@@ -624,8 +670,8 @@ pub(super) mod avx512 {
                                 continue;
                             };
                             let at = (oy * ow + ox) * g.c_out * LANES;
-                            // Both halves in turn, the second reading the same output
-                            // gradients and weight lines from the L1 cache.
+                            // The tile's parts in turn, the later ones reading the same
+                            // output gradients and weight lines from the L1 cache.
                             for half in (0..TILE).step_by(PART) {
                                 let pixel = (iy * wd + ix) * TILE + half;
                                 let dst: [*mut f32; V] = std::array::from_fn(|v| {
@@ -636,14 +682,14 @@ pub(super) mod avx512 {
                                 for o0 in (0..g.c_out).step_by(kc) {
                                     let mut sums = zero;
                                     for o in o0..(o0 + kc).min(g.c_out) {
-                                        let dv: [__m512; V] = std::array::from_fn(|v| {
-                                            _mm512_loadu_ps(dy[v].as_ptr().add(at + o * LANES))
+                                        let dv: [L; V] = std::array::from_fn(|v| {
+                                            L::load(dy[v].as_ptr().add(at + o * LANES))
                                         });
                                         let wo = wt.add(o * TILE);
                                         for (t, s) in sums.iter_mut().enumerate() {
-                                            let wb = _mm512_set1_ps(*wo.add(t));
+                                            let wb = L::splat(*wo.add(t));
                                             for (s, dv) in s.iter_mut().zip(&dv) {
-                                                *s = _mm512_fmadd_ps(wb, *dv, *s);
+                                                *s = wb.mul_add(*dv, *s);
                                             }
                                         }
                                     }
@@ -651,9 +697,7 @@ pub(super) mod avx512 {
                                         sums
                                     } else {
                                         std::array::from_fn(|t| {
-                                            std::array::from_fn(|v| {
-                                                _mm512_add_ps(column[t][v], sums[t][v])
-                                            })
+                                            std::array::from_fn(|v| column[t][v].add(sums[t][v]))
                                         })
                                     };
                                 }

@@ -247,10 +247,17 @@ pub(super) fn sum(values: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + rest
 }
 
-/// Rows of gemm's AVX-512 register tile for `f32` (`gemm-f32`: 4 vectors of 16), which its
-/// depth blocks depend on.
-const GEMM_MR: usize = 64;
-/// Columns of that register tile.
+/// Rows of gemm's register tile for `f32`, which its depth blocks depend on: 4 vectors of 16
+/// where the CPU has AVX-512F (`gemm` is built with `x86-v4`, and picks its kernel from the CPU,
+/// not from [`super::isa`]'s cap), else 2 vectors of 8 (its FMA kernel).
+fn gemm_mr() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        return 64;
+    }
+    16
+}
+/// Columns of that register tile (both kernels).
 const GEMM_NR: usize = 6;
 
 /// The depth block [`matmul`]'s gemm uses for an `m × n` product over `k` (`gemm-common`'s
@@ -261,7 +268,7 @@ fn gemm_depth_block(m: usize, n: usize, k: usize) -> usize {
     if m <= 64 && n <= 64 {
         k.min(512)
     } else {
-        gemm_common::cache::kernel_params(m, n, k, GEMM_MR, GEMM_NR, size_of::<f32>()).kc
+        gemm_common::cache::kernel_params(m, n, k, gemm_mr(), GEMM_NR, size_of::<f32>()).kc
     }
 }
 

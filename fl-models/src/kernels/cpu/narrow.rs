@@ -16,20 +16,27 @@
 //!
 //! It applies only where gemm would take that micro-kernel: at least 3 pixels (gemm sums 1 or 2
 //! another way), a product of more than 16×16 elements (smaller ones go to a horizontal kernel),
-//! and an AVX-512 CPU (gemm then runs fused multiply-adds, as on any x86-64 with FMA).
+//! and an AVX-512 CPU or one with AVX2 and FMA (gemm's micro-kernels run the same fused
+//! multiply-add chains on both; the register tiles here are smaller on AVX2).
 
 use rayon::prelude::*;
 
 use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, chunk_bias_grad};
 use crate::kernels::isa::{Isa, uses};
 
-/// Floats per AVX-512 vector.
+/// Floats per vector ([`Lanes16`](crate::kernels::lanes16::Lanes16): one AVX-512 register or
+/// two AVX2 ones).
 const LANES: usize = 16;
 /// Rows (the weight's `c_in·kh·kw` axis) per register tile: two vectors.
 const ROW_TILE: usize = 2 * LANES;
-/// Output channels per register tile: 4 × 2 sums each for the sample, the chunk and the batch,
-/// plus 2 loads and a broadcast, fill 27 of the 32 vector registers.
+/// Output channels per register tile (and per tile of the transposed output gradients) on
+/// AVX-512: 4 × 2 sums each for the sample, the chunk and the batch, plus 2 loads and a
+/// broadcast, fill 27 of the 32 vector registers.
 const CHANNEL_TILE: usize = 4;
+/// Output channels per register tile on AVX2 (16 registers of 8 lanes): 2 × 2 × 2 registers of
+/// the sample's sums, 4 of loads and a broadcast; the chunk's and batch's sums, added once per
+/// sample and per chunk, may live on the stack.
+const CHANNEL_TILE_AVX2: usize = 2;
 /// Output channels per task: a task streams the column matrices once, so fewer, larger tasks
 /// read less (the rows of one tile for every sample stay in L2 across its channels).
 const CHANNELS_PER_TASK: usize = 64;
@@ -45,7 +52,7 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
         && g.c_out >= 2
         && g.col_rows() >= 2
         && g.c_out * g.col_rows() > 16 * 16
-        && uses(Isa::Avx512)
+        && uses(Isa::Avx2)
 }
 
 /// The weight gradient `[c_out, c_in·kh·kw]` and the bias gradient: the same bits as
@@ -118,11 +125,19 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
         .for_each(|(task, out)| {
             let first = task * CHANNELS_PER_TASK;
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `applies` checked AVX-512F; `Shape` and `layout` describe the buffers
+            // SAFETY: `applies` checked the tier; `Shape` and `layout` describe the buffers
             // built above.
             unsafe {
                 let channels = first..first + out.len() / rows;
-                avx512::channels(&shape, &layout, channels, &dy_t, &cols_t, out);
+                if uses(Isa::Avx512) {
+                    tiles::channels_avx512::<CHANNEL_TILE>(
+                        &shape, &layout, channels, &dy_t, &cols_t, out,
+                    );
+                } else {
+                    tiles::channels_avx2::<CHANNEL_TILE_AVX2>(
+                        &shape, &layout, channels, &dy_t, &cols_t, out,
+                    );
+                }
             }
             layout.to_weight_order(out, rows);
         });
@@ -246,27 +261,33 @@ struct Shape {
     batch: usize,
 }
 
+/// The kernel, written once over [`Lanes16`](crate::kernels::lanes16::Lanes16) and compiled
+/// for each tier.
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+mod tiles {
     use super::super::first_lanes;
     use super::{CHANNEL_TILE, LANES, Layout, ROW_TILE, Shape, WEIGHT_GRAD_CHUNK};
-    use std::arch::x86_64::*;
+    use crate::kernels::lanes16::{Lanes16, tier_entries};
+
+    tier_entries!(channels_avx512, channels_avx2 =>
+        channel_rows<const CT>(s: &Shape, layout: &Layout, channels: std::ops::Range<usize>,
+            dy: &[f32], cols_t: &[f32], out: &mut [f32]));
 
     /// `out[co − first, r] = Σ_chunks Σ_n∈chunk (Σ_p dy[n, co, p] · cols_t[n, r, p])` for the
     /// output channels `channels`, rows in `layout`'s order: each pixel sum an FMA chain from
     /// zero in pixel order over the tile's pixels, each chunk's sum left to right from its first
-    /// sample's, the chunks' sums left to right.
+    /// sample's, the chunks' sums left to right. Register tiles of `CT` channels (dividing
+    /// [`CHANNEL_TILE`]) × [`ROW_TILE`] rows.
     ///
     /// # Safety
-    /// The CPU supports AVX-512F; `dy` holds `c_out.div_ceil(CHANNEL_TILE) · batch · pixels ·
-    /// CHANNEL_TILE` floats (laid out `[c_out / CHANNEL_TILE][batch][pixels][CHANNEL_TILE]`),
-    /// `channels` starts at a multiple of [`CHANNEL_TILE`], `cols_t`
-    /// `batch · pixels · stride` (laid out `[stride / ROW_TILE][batch][pixels][ROW_TILE]`) with
-    /// `stride` a multiple of [`ROW_TILE`] and at least `rows`,
-    /// `channels` lies within `c_out`, `out` holds `channels.len() · rows` floats, and `layout`'s
-    /// pixels are below `pixels`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn channels(
+    /// `L`'s tier; `dy` holds `c_out.div_ceil(CHANNEL_TILE) · batch · pixels · CHANNEL_TILE`
+    /// floats (laid out `[c_out / CHANNEL_TILE][batch][pixels][CHANNEL_TILE]`), `channels`
+    /// starts at a multiple of [`CHANNEL_TILE`], `cols_t` `batch · pixels · stride` (laid out
+    /// `[stride / ROW_TILE][batch][pixels][ROW_TILE]`) with `stride` a multiple of
+    /// [`ROW_TILE`] and at least `rows`, `channels` lies within `c_out`, `out` holds
+    /// `channels.len() · rows` floats, and `layout`'s pixels are below `pixels`.
+    #[inline(always)]
+    unsafe fn channel_rows<L: Lanes16, const CT: usize>(
         s: &Shape,
         layout: &Layout,
         channels: std::ops::Range<usize>,
@@ -284,59 +305,62 @@ mod avx512 {
         let tiles = c_out.div_ceil(CHANNEL_TILE);
         assert!(dy.len() >= tiles * batch * pixels * CHANNEL_TILE);
         assert!(cols_t.len() >= batch * pixels * stride);
-        assert!(channels.start.is_multiple_of(CHANNEL_TILE));
+        assert!(channels.start.is_multiple_of(CHANNEL_TILE) && CHANNEL_TILE.is_multiple_of(CT));
         assert!(stride % ROW_TILE == 0 && stride >= rows && channels.end <= c_out);
         assert!(out.len() >= channels.len() * rows);
-        let add = |a: [[__m512; 2]; CHANNEL_TILE], b: &[[__m512; 2]; CHANNEL_TILE]| {
-            std::array::from_fn(|j| {
-                [
-                    _mm512_add_ps(a[j][0], b[j][0]),
-                    _mm512_add_ps(a[j][1], b[j][1]),
-                ]
-            })
+        let add = |a: [[L; 2]; CT], b: &[[L; 2]; CT]| {
+            // SAFETY: the tier is the caller's.
+            std::array::from_fn(|j| unsafe { [a[j][0].add(b[j][0]), a[j][1].add(b[j][1])] })
         };
         // SAFETY: the asserts bound every load; stores are masked to `rows` and `channels`.
         unsafe {
+            let zero = [[L::zero(); 2]; CT];
             for r0 in (0..rows).step_by(ROW_TILE) {
                 let tile_pixels = layout.tile_pixels(r0);
                 // Lanes of each vector that are real rows (the rest are padding).
-                let masks: [__mmask16; 2] =
+                let masks: [u16; 2] =
                     std::array::from_fn(|v| first_lanes(rows.saturating_sub(r0 + v * LANES)));
                 for co0 in channels.clone().step_by(CHANNEL_TILE) {
                     // A partial channel tile reads zeros; its sums are dropped.
                     let tile = dy
                         .as_ptr()
                         .add(co0 / CHANNEL_TILE * batch * pixels * CHANNEL_TILE);
-                    let mut batch_sum = [[_mm512_setzero_ps(); 2]; CHANNEL_TILE];
-                    for c0 in (0..batch).step_by(WEIGHT_GRAD_CHUNK) {
-                        let mut chunk_sum = [[_mm512_setzero_ps(); 2]; CHANNEL_TILE];
-                        for n in c0..(c0 + WEIGHT_GRAD_CHUNK).min(batch) {
-                            let mut acc = [[_mm512_setzero_ps(); 2]; CHANNEL_TILE];
-                            let d = tile.add(n * pixels * CHANNEL_TILE);
-                            for &p in tile_pixels {
-                                let c = cols_t
-                                    .as_ptr()
-                                    .add(((r0 / ROW_TILE * batch + n) * pixels + p) * ROW_TILE);
-                                let v = [_mm512_loadu_ps(c), _mm512_loadu_ps(c.add(LANES))];
-                                for (j, a) in acc.iter_mut().enumerate() {
-                                    let w = _mm512_set1_ps(*d.add(p * CHANNEL_TILE + j));
-                                    a[0] = _mm512_fmadd_ps(w, v[0], a[0]);
-                                    a[1] = _mm512_fmadd_ps(w, v[1], a[1]);
-                                }
-                            }
-                            chunk_sum = if n == c0 { acc } else { add(chunk_sum, &acc) };
+                    for sub in (0..CHANNEL_TILE).step_by(CT) {
+                        if co0 + sub >= channels.end {
+                            break;
                         }
-                        batch_sum = if c0 == 0 {
-                            chunk_sum
-                        } else {
-                            add(batch_sum, &chunk_sum)
-                        };
-                    }
-                    let first = channels.start;
-                    for (j, t) in batch_sum.iter().enumerate().take(channels.end - co0) {
-                        let dst = out.as_mut_ptr().add((co0 - first + j) * rows + r0);
-                        _mm512_mask_storeu_ps(dst, masks[0], t[0]);
-                        _mm512_mask_storeu_ps(dst.add(LANES), masks[1], t[1]);
+                        let mut batch_sum = zero;
+                        for c0 in (0..batch).step_by(WEIGHT_GRAD_CHUNK) {
+                            let mut chunk_sum = zero;
+                            for n in c0..(c0 + WEIGHT_GRAD_CHUNK).min(batch) {
+                                let mut acc = zero;
+                                let d = tile.add(n * pixels * CHANNEL_TILE + sub);
+                                for &p in tile_pixels {
+                                    let c = cols_t
+                                        .as_ptr()
+                                        .add(((r0 / ROW_TILE * batch + n) * pixels + p) * ROW_TILE);
+                                    let v = [L::load(c), L::load(c.add(LANES))];
+                                    for (j, a) in acc.iter_mut().enumerate() {
+                                        let w = L::splat(*d.add(p * CHANNEL_TILE + j));
+                                        a[0] = w.mul_add(v[0], a[0]);
+                                        a[1] = w.mul_add(v[1], a[1]);
+                                    }
+                                }
+                                chunk_sum = if n == c0 { acc } else { add(chunk_sum, &acc) };
+                            }
+                            batch_sum = if c0 == 0 {
+                                chunk_sum
+                            } else {
+                                add(batch_sum, &chunk_sum)
+                            };
+                        }
+                        let first = channels.start;
+                        let count = (channels.end - co0 - sub).min(CT);
+                        for (j, t) in batch_sum.iter().enumerate().take(count) {
+                            let dst = out.as_mut_ptr().add((co0 + sub - first + j) * rows + r0);
+                            t[0].store_masked(dst, masks[0]);
+                            t[1].store_masked(dst.add(LANES), masks[1]);
+                        }
                     }
                 }
             }

@@ -36,7 +36,7 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
         && (17..=MAX_PIXELS).contains(&g.out_plane())
         && g.c_in > 0
         && g.c_out.is_multiple_of(CHANNEL_TILE)
-        && uses(Isa::Avx512)
+        && uses(Isa::Avx2)
 }
 
 /// Weight and bias gradients, the same contract and bits as the im2col path's.
@@ -61,28 +61,36 @@ fn chunk(
     let padded = wide.pad_inputs(x, g.input_len(), count);
     let mut dw = vec![0.0f32; g.c_out * g.col_rows()];
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `applies` checked AVX-512F, a 5-wide kernel, stride 1 and whole channel tiles;
+    // SAFETY: `applies` checked the tier, a 5-wide kernel, stride 1 and whole channel tiles;
     // the buffers are sized from `g` and `wide` above.
     unsafe {
-        let args = avx512::Chunk {
+        let args = tiles::Chunk {
             g,
             wide,
             count,
             padded: &padded,
             dy_t: &dy_t,
         };
-        avx512::chunk_sums(&args, &mut dw);
+        if uses(Isa::Avx512) {
+            tiles::chunk_sums_avx512::<{ CHANNEL_TILE / 16 }>(&args, &mut dw);
+        } else {
+            // One vector of channels per register tile (16 registers of 8 lanes).
+            tiles::chunk_sums_avx2::<1>(&args, &mut dw);
+        }
     }
     (dw, db)
 }
 
+/// The kernel, written once over [`Lanes16`](crate::kernels::lanes16::Lanes16) and compiled
+/// for each tier.
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::super::direct_wgrad::avx512::store_tile;
+mod tiles {
+    use super::super::direct_wgrad::tiles::{Tile, store_tile};
     use super::{CHANNEL_TILE, Conv2dGeometry, KERNEL_WIDTH, Wide};
-    use std::arch::x86_64::*;
+    use crate::kernels::lanes16::{Lanes16, tier_entries};
 
-    const VECTORS: usize = CHANNEL_TILE / 16;
+    tier_entries!(chunk_sums_avx512, chunk_sums_avx2 =>
+        chunk_sums<const V>(chunk: &Chunk, dw: &mut [f32]));
 
     /// One chunk of samples: `count` zero-padded inputs in `wide`'s layout and their output
     /// gradients `[count][out_plane][c_out]`.
@@ -94,55 +102,64 @@ mod avx512 {
         pub(super) dy_t: &'a [f32],
     }
 
-    /// The register tile of `dw[co0..co0 + 64, (ci, ky, kx)]` for every `kx`.
-    type Tile = [[__m512; KERNEL_WIDTH]; VECTORS];
-
     /// The chunk's whole weight gradient into `dw` (`c_out · c_in·kh·5` floats): sample by
     /// sample (so a sample's output gradients stay in the L1 cache while every tile reads
     /// them), each tile's chain over the pixels stored for the first sample and added onto
-    /// the tile's sum, kept in memory, for the others.
+    /// the tile's sum, kept in memory, for the others. Register tiles of `V` vectors of 16
+    /// channels (dividing [`CHANNEL_TILE`]) × 5 taps.
     ///
     /// # Safety
-    /// AVX-512F; as [`kernel_row`], for every tile of `g`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn chunk_sums(chunk: &Chunk, dw: &mut [f32]) {
+    /// `L`'s tier; as [`kernel_row`], for every tile of `g`.
+    #[inline(always)]
+    unsafe fn chunk_sums<L: Lanes16, const V: usize>(chunk: &Chunk, dw: &mut [f32]) {
         let (g, kh) = (chunk.g, chunk.g.kernel[0]);
-        let tiles = g.c_out / CHANNEL_TILE;
+        assert!(V > 0 && CHANNEL_TILE.is_multiple_of(16 * V));
+        let tiles = g.c_out / (16 * V);
         // In the order the loops below visit them, so the sums stream through the caches.
-        let mut sums: Vec<Tile> =
-            vec![[[_mm512_setzero_ps(); KERNEL_WIDTH]; VECTORS]; tiles * g.c_in * kh];
+        // SAFETY: the tier is the caller's.
+        let zero: Tile<L, V, KERNEL_WIDTH> = [[unsafe { L::zero() }; KERNEL_WIDTH]; V];
+        let mut sums = vec![zero; tiles * g.c_in * kh];
         for n in 0..chunk.count {
             let mut tile = sums.iter_mut();
             for co in 0..tiles {
+                let (co0, v0) = (
+                    co / (CHANNEL_TILE / 16 / V) * CHANNEL_TILE,
+                    co * V % (CHANNEL_TILE / 16),
+                );
                 for ci in 0..g.c_in {
                     for ky in 0..kh {
                         let sum = tile.next().expect("one tile per (co, ci, ky)");
                         // SAFETY: the caller upholds `kernel_row`'s contract for these indices.
-                        unsafe { kernel_row(chunk, n, [co * CHANNEL_TILE, ci, ky], sum) };
+                        unsafe { kernel_row(chunk, n, [co0, ci, ky, v0], sum) };
                     }
                 }
             }
         }
         for (i, sum) in sums.iter().enumerate() {
             let (co, row) = (i / (g.c_in * kh), i % (g.c_in * kh));
-            let at = [co * CHANNEL_TILE, row * KERNEL_WIDTH, g.col_rows()];
-            // SAFETY: `co·64 + 64 <= c_out` and the tile's 5 taps lie in the row.
+            let at = [co * 16 * V, row * KERNEL_WIDTH, g.col_rows()];
+            // SAFETY: `(co + 1)·16·V <= c_out` and the tile's 5 taps lie in the row.
             unsafe { store_tile(sum, at, dw) };
         }
     }
 
-    /// Sample `n`'s chain over the pixels for `dw[co0..co0 + 64, (ci, ky, kx)]` and every
+    /// Sample `n`'s chain over the pixels for `dw[co0 + 16·v0 .. + 16·V, (ci, ky, kx)]` and every
     /// `kx`, in ascending pixel order from +0 (skipping the output rows whose kernel row reads
     /// only padding): stored into `sum` for the chunk's first sample, added onto it for the
     /// others.
     ///
     /// # Safety
-    /// AVX-512F; `g.kernel[1] == 5`, stride 1, `wide` is `g`'s layout, `padded` holds `count`
-    /// padded inputs of `wide.input_len` floats, `dy_t` their output gradients
-    /// `[count][out_plane][c_out]`, `n < count`, `co0 + 64 <= c_out`, `ci < c_in` and
-    /// `ky < kh`.
+    /// `L`'s tier; `g.kernel[1] == 5`, stride 1, `wide` is `g`'s layout, `padded` holds
+    /// `count` padded inputs of `wide.input_len` floats, `dy_t` their output gradients
+    /// `[count][out_plane][c_out]`, `n < count`, `co0 + 64 <= c_out`, `16·(v0 + V) <= 64`,
+    /// `ci < c_in` and `ky < kh`.
     #[inline(always)]
-    unsafe fn kernel_row(chunk: &Chunk, n: usize, [co0, ci, ky]: [usize; 3], sum: &mut Tile) {
+    unsafe fn kernel_row<L: Lanes16, const V: usize>(
+        chunk: &Chunk,
+        n: usize,
+        [co0, ci, ky, v0]: [usize; 4],
+        sum: &mut Tile<L, V, KERNEL_WIDTH>,
+    ) {
         let Chunk {
             g,
             wide,
@@ -156,6 +173,7 @@ mod avx512 {
         let rows = ph.saturating_sub(ky)..(ph + h).saturating_sub(ky).min(oh);
         assert!(g.kernel[1] == KERNEL_WIDTH && ky < g.kernel[0] && g.stride == [1, 1]);
         assert!(co0 + CHANNEL_TILE <= g.c_out && ci < g.c_in && n < count);
+        assert!(16 * (v0 + V) <= CHANNEL_TILE);
         assert!(padded.len() >= count * wide.input_len && dy_t.len() >= count * g.output_len());
         assert!((ci + 1) * hp * wp <= wide.input_len && hp == oh + g.kernel[0] - 1);
         // SAFETY: the asserts bound every access: pixel `(oy, ox)` reads the padded input at
@@ -165,25 +183,24 @@ mod avx512 {
             let x = padded
                 .as_ptr()
                 .add(n * wide.input_len + ci * hp * wp + ky * wp);
-            let dy = dy_t.as_ptr().add(n * g.output_len() + co0);
-            let mut acc = [[_mm512_setzero_ps(); KERNEL_WIDTH]; VECTORS];
+            let dy = dy_t.as_ptr().add(n * g.output_len() + co0 + 16 * v0);
+            let mut acc = [[L::zero(); KERNEL_WIDTH]; V];
             for oy in rows {
                 for ox in 0..ow {
                     let d = dy.add((oy * ow + ox) * g.c_out);
-                    let dv: [__m512; VECTORS] =
-                        std::array::from_fn(|v| _mm512_loadu_ps(d.add(v * 16)));
+                    let dv: [L; V] = std::array::from_fn(|v| L::load(d.add(v * 16)));
                     let xp = x.add(oy * wp + ox);
                     for kx in 0..KERNEL_WIDTH {
-                        let xb = _mm512_set1_ps(*xp.add(kx));
+                        let xb = L::splat(*xp.add(kx));
                         for (v, a) in acc.iter_mut().enumerate() {
-                            a[kx] = _mm512_fmadd_ps(dv[v], xb, a[kx]);
+                            a[kx] = dv[v].mul_add(xb, a[kx]);
                         }
                     }
                 }
             }
             for (s, a) in sum.iter_mut().zip(&acc) {
                 for (s, a) in s.iter_mut().zip(a) {
-                    *s = if n == 0 { *a } else { _mm512_add_ps(*s, *a) };
+                    *s = if n == 0 { *a } else { s.add(*a) };
                 }
             }
         }

@@ -20,25 +20,22 @@ fn small_map_weight_gradients_are_gemms_bits() {
         geometry([9, 64, 3, 3], [20, 5, 5], [1, 1], [(2, 2), (2, 2)]),
         geometry([5, 32, 5, 6], [18, 3, 3], [2, 2], [(1, 1), (0, 2)]),
     ];
-    let _guard = crate::kernels::isa::test_lock();
-    for g in &shapes {
-        assert_eq!(
-            narrow::applies(g),
-            Isa::active() == Isa::Avx512,
-            "{g:?}: small map"
-        );
-        assert_eq!(
-            narrow::Layout::new(g).tap_major,
-            g.c_in % 32 == 0,
-            "{g:?}: row order"
-        );
-        let x = values(g.batch * g.input_len(), 21);
-        let dy = values(g.batch * g.output_len(), 22);
-        let (dw, db) = conv2d_weight_grad(g, &x, &dy);
-        let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
-        assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
-        assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
-    }
+    at_every_isa(|isa| {
+        for g in &shapes {
+            assert_eq!(narrow::applies(g), isa >= Isa::Avx2, "{g:?}: small map");
+            assert_eq!(
+                narrow::Layout::new(g).tap_major,
+                g.c_in % 32 == 0,
+                "{g:?}: row order"
+            );
+            let x = values(g.batch * g.input_len(), 21);
+            let dy = values(g.batch * g.output_len(), 22);
+            let (dw, db) = conv2d_weight_grad(g, &x, &dy);
+            let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
+            assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
+            assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
+        }
+    });
 }
 
 #[test]
@@ -46,70 +43,107 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
     // The small maps of CNN3, CNN4, ResNet-20 and VGG-16: the direct kernels' order (8×8),
     // gemm's with several depth blocks (7×7 and 3×3 under 5×5 kernels: 3,200 rows), a strided
     // layer with asymmetric padding, input gradients over two blocks of output channels (600),
-    // batches that leave part of the last vector empty.
+    // batches that leave part of the last vector empty. With each, whether AVX2 takes it too.
     let shapes = [
-        geometry([40, 64, 8, 8], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
-        // ResNet-20's 8×8 stage and CNN4's Conv5: 3×3 kernels on 8×8 maps, direct order.
-        geometry([37, 64, 8, 8], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]),
-        geometry([40, 64, 8, 8], [128, 3, 3], [1, 1], [(1, 1), (1, 1)]),
-        geometry([40, 128, 7, 7], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
-        geometry([16, 128, 3, 3], [256, 5, 5], [1, 1], [(2, 2), (2, 2)]),
-        geometry([45, 32, 4, 4], [48, 3, 3], [1, 1], [(1, 1), (1, 1)]),
-        geometry([40, 16, 4, 4], [32, 5, 5], [2, 2], [(2, 1), (1, 2)]),
-        geometry([24, 16, 2, 2], [600, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        (
+            geometry([40, 64, 8, 8], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+            true,
+        ),
+        // ResNet-20's 8×8 stage and CNN4's Conv5: 3×3 kernels on 8×8 maps, direct order
+        // (16% padding: AVX2 keeps the direct kernels).
+        (
+            geometry([37, 64, 8, 8], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            false,
+        ),
+        (
+            geometry([40, 64, 8, 8], [128, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            false,
+        ),
+        (
+            geometry([40, 128, 7, 7], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+            true,
+        ),
+        (
+            geometry([16, 128, 3, 3], [256, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+            true,
+        ),
+        (
+            geometry([45, 32, 4, 4], [48, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            true,
+        ),
+        (
+            geometry([40, 16, 4, 4], [32, 5, 5], [2, 2], [(2, 1), (1, 2)]),
+            true,
+        ),
+        (
+            geometry([24, 16, 2, 2], [600, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            true,
+        ),
         // ResNet-20's stride-2 layer into its 8×8 stage: little padding, but strided layers
         // would otherwise take im2col.
-        geometry([40, 32, 16, 16], [64, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        (
+            geometry([40, 32, 16, 16], [64, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+            true,
+        ),
     ];
-    let _guard = crate::kernels::isa::test_lock();
-    for g in &shapes {
-        let direct = crate::kernels::direct::applies(g);
-        let order = lanes::Order::for_geometry(g, None);
-        assert_eq!(order.is_some(), Isa::active() == Isa::Avx512, "{g:?}");
-        let x = values(g.batch * g.input_len(), 31);
-        let w = values(g.weight_len(), 32);
-        let b = values(g.c_out, 33);
-        let dy = values(g.batch * g.output_len(), 34);
-        for bias in [Some(&b[..]), None] {
-            let y = conv2d_forward(g, &x, &w, bias);
-            let y_ref = if direct {
-                crate::kernels::direct::conv2d_forward(g, &x, &w, bias)
-            } else {
-                im2col_conv2d_forward(g, &x, &w, bias)
+    at_every_isa(|isa| {
+        for (g, on_avx2) in &shapes {
+            let direct = crate::kernels::direct::applies(g);
+            let order = lanes::Order::for_geometry(g, None);
+            let expected = match isa {
+                Isa::Baseline => false,
+                Isa::Avx2 => *on_avx2,
+                Isa::Avx512 => true,
             };
-            assert_eq!(y.len(), y_ref.len());
-            assert_eq!(first_difference(&y, &y_ref), None, "{g:?}: forward");
+            assert_eq!(order.is_some(), expected, "{g:?}");
+            let x = values(g.batch * g.input_len(), 31);
+            let w = values(g.weight_len(), 32);
+            let b = values(g.c_out, 33);
+            let dy = values(g.batch * g.output_len(), 34);
+            for bias in [Some(&b[..]), None] {
+                let y = conv2d_forward(g, &x, &w, bias);
+                let y_ref = if direct {
+                    crate::kernels::direct::conv2d_forward(g, &x, &w, bias)
+                } else {
+                    im2col_conv2d_forward(g, &x, &w, bias)
+                };
+                assert_eq!(y.len(), y_ref.len());
+                assert_eq!(first_difference(&y, &y_ref), None, "{g:?}: forward");
+            }
+            close(
+                &conv2d_forward(g, &x, &w, Some(&b)),
+                &naive_conv(g, &x, &w, &b),
+            );
+            let dx = conv2d_input_grad(g, &w, &dy);
+            let dx_ref = if direct {
+                crate::kernels::direct::conv2d_input_grad(g, &w, &dy)
+            } else {
+                im2col_conv2d_input_grad(g, &w, &dy)
+            };
+            assert_eq!(dx.len(), dx_ref.len());
+            assert_eq!(
+                first_difference(&dx, &dx_ref),
+                None,
+                "{g:?}: input gradient"
+            );
         }
-        close(
-            &conv2d_forward(g, &x, &w, Some(&b)),
-            &naive_conv(g, &x, &w, &b),
-        );
-        let dx = conv2d_input_grad(g, &w, &dy);
-        let dx_ref = if direct {
-            crate::kernels::direct::conv2d_input_grad(g, &w, &dy)
-        } else {
-            im2col_conv2d_input_grad(g, &w, &dy)
-        };
-        assert_eq!(dx.len(), dx_ref.len());
-        assert_eq!(
-            first_difference(&dx, &dx_ref),
-            None,
-            "{g:?}: input gradient"
-        );
-    }
-    // A direct-path bias holding −0 would be turned into +0 by the padding products this
-    // kernel skips; and gemm blocks that differ between sample groups (a last group of 8
-    // samples makes a product small enough for gemm's fixed 512-deep blocks): both keep the
-    // old path.
-    let g = &shapes[0];
-    let mut b = values(g.c_out, 35);
-    b[3] = -0.0;
-    assert_eq!(lanes::Order::for_geometry(g, Some(&b)), None);
-    let g = geometry([40, 64, 2, 2], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]);
-    assert_eq!(lanes::Order::for_geometry(&g, None), None);
-    // 16×16 maps under 3×3 kernels (8% padding) stay on the direct kernels.
-    let g = geometry([40, 32, 16, 16], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]);
-    assert_eq!(lanes::Order::for_geometry(&g, None), None);
+        if isa == Isa::Baseline {
+            return;
+        }
+        // A direct-path bias holding −0 would be turned into +0 by the padding products this
+        // kernel skips; and gemm blocks that differ between sample groups (a last group of 8
+        // samples makes a product small enough for gemm's fixed 512-deep blocks): both keep
+        // the old path.
+        let g = &shapes[0].0;
+        let mut b = values(g.c_out, 35);
+        b[3] = -0.0;
+        assert_eq!(lanes::Order::for_geometry(g, Some(&b)), None);
+        let g = geometry([40, 64, 2, 2], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]);
+        assert_eq!(lanes::Order::for_geometry(&g, None), None);
+        // 16×16 maps under 3×3 kernels (8% padding) stay on the direct kernels.
+        let g = geometry([40, 32, 16, 16], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]);
+        assert_eq!(lanes::Order::for_geometry(&g, None), None);
+    });
 }
 
 #[test]
@@ -130,20 +164,22 @@ fn direct_weight_gradients_without_their_zero_products_keep_their_bits() {
         geometry([10, 4, 10, 9], [32, 3, 3], [1, 1], [(0, 0), (2, 0)]),
         geometry([9, 2, 9, 12], [64, 3, 3], [1, 1], [(2, 1), (1, 2)]),
     ];
-    let _guard = crate::kernels::isa::test_lock();
-    for g in &shapes {
-        assert_eq!(
-            direct_wgrad::applies(g),
-            Isa::active() == Isa::Avx512,
-            "{g:?}: applies"
-        );
-        let x = values(g.batch * g.input_len(), 41);
-        let dy = values(g.batch * g.output_len(), 42);
-        let (dw, db) = conv2d_weight_grad(g, &x, &dy);
-        let (dw_ref, db_ref) = crate::kernels::direct::conv2d_weight_grad(g, &x, &dy);
-        assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
-        assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
-    }
+    at_every_isa(|isa| {
+        for g in &shapes {
+            // 5-wide kernels from AVX2 up, 3×3 ones on AVX-512.
+            let takes = isa == Isa::Avx512 || (isa == Isa::Avx2 && g.kernel[1] == 5);
+            assert_eq!(direct_wgrad::applies(g), takes, "{g:?}: applies");
+            if isa < Isa::Avx2 {
+                continue;
+            }
+            let x = values(g.batch * g.input_len(), 41);
+            let dy = values(g.batch * g.output_len(), 42);
+            let (dw, db) = conv2d_weight_grad(g, &x, &dy);
+            let (dw_ref, db_ref) = crate::kernels::direct::conv2d_weight_grad(g, &x, &dy);
+            assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
+            assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
+        }
+    });
 }
 
 #[test]
@@ -156,20 +192,21 @@ fn weight_gradients_without_the_column_matrix_keep_the_im2col_bits() {
         geometry([10, 3, 6, 9], [64, 3, 5], [1, 1], [(1, 1), (0, 2)]),
         geometry([3, 2, 8, 7], [64, 5, 5], [1, 1], [(3, 1), (2, 2)]),
     ];
-    let _guard = crate::kernels::isa::test_lock();
-    for g in &shapes {
-        assert_eq!(
-            matches!(WeightGradPath::of(g), WeightGradPath::WithoutColumns),
-            Isa::active() == Isa::Avx512,
-            "{g:?}: path"
-        );
-        let x = values(g.batch * g.input_len(), 43);
-        let dy = values(g.batch * g.output_len(), 44);
-        let (dw, db) = conv2d_weight_grad(g, &x, &dy);
-        let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
-        assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
-        assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
-    }
+    at_every_isa(|isa| {
+        for g in &shapes {
+            assert_eq!(
+                matches!(WeightGradPath::of(g), WeightGradPath::WithoutColumns),
+                isa >= Isa::Avx2,
+                "{g:?}: path"
+            );
+            let x = values(g.batch * g.input_len(), 43);
+            let dy = values(g.batch * g.output_len(), 44);
+            let (dw, db) = conv2d_weight_grad(g, &x, &dy);
+            let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
+            assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
+            assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
+        }
+    });
 }
 
 /// Asserts that `g`'s direct input gradient has the wide scatter's bits, for `dy` and for
