@@ -52,7 +52,9 @@ macro_rules! by_channel_tile {
 }
 
 mod gather;
+mod pack;
 mod rows;
+use pack::{channel_tile, pack_input_tiles, pack_weights};
 use rows::forward_rows;
 
 /// Lanes per vector of the kernels ([`Lanes16`](super::lanes16::Lanes16)): the wide rows are
@@ -221,44 +223,6 @@ impl Wide {
             }
         }
     }
-}
-
-/// The channel tile that wastes the fewest padding channels (the larger on a tie).
-fn channel_tile(c_out: usize) -> usize {
-    [8, 6, 4]
-        .into_iter()
-        .min_by_key(|&t| c_out.next_multiple_of(t))
-        .expect("three candidates")
-}
-
-/// Weights `[c_out, K]` as `[c_out_padded / tile][K][tile]` (zeros for the padding channels),
-/// so a tile's broadcasts read consecutive floats.
-fn pack_weights(weight: &[f32], c_out: usize, taps: usize, tile: usize) -> Vec<f32> {
-    let mut packed = vec![0.0f32; c_out.next_multiple_of(tile) * taps];
-    for co in 0..c_out {
-        let (block, lane) = (co / tile, co % tile);
-        for k in 0..taps {
-            packed[(block * taps + k) * tile + lane] = weight[co * taps + k];
-        }
-    }
-    packed
-}
-
-/// Weights `[c_out, c_in, kh·kw]` tiled over input channels for the input gradient:
-/// `[c_in_padded / tile][kh·kw][c_out][tile]` (zeros for the padding channels), so a tap's
-/// broadcasts read consecutive floats.
-fn pack_input_tiles(g: &Conv2dGeometry, weight: &[f32], tile: usize) -> Vec<f32> {
-    let taps = g.kernel[0] * g.kernel[1];
-    let mut packed = vec![0.0f32; g.c_in.next_multiple_of(tile) * taps * g.c_out];
-    for co in 0..g.c_out {
-        for ci in 0..g.c_in {
-            for k in 0..taps {
-                packed[(((ci / tile) * taps + k) * g.c_out + co) * tile + ci % tile] =
-                    weight[(co * g.c_in + ci) * taps + k];
-            }
-        }
-    }
-    packed
 }
 
 /// Forward convolution (stride 1), the same contract as `cpu::conv2d_forward`.
