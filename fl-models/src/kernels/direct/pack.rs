@@ -7,8 +7,8 @@ use crate::kernels::cpu::Conv2dGeometry;
 /// wherever it wastes at most 4% (64, 128, 256, 512 channels): a tile of 8 runs there as two
 /// register tiles of 4 channels, 8 chains for two FMA units of 4 cycles' latency, a tile of 6
 /// as one of 6, 12 chains (`fl bench --kernels`, one thread, best of three: VGG-16 block 3
-/// forward 56 → 71 GFLOP/s, input gradient 58 → 68; CNN3 conv2 at 1×28×28 forward 56 → 72).
-/// The sums per output are the same either way.
+/// forward 56 → 71 GFLOP/s, CNN3 conv2 at 1×28×28 56 → 72 in one A/B, within the noise in a
+/// second; docs/performance.md). The sums per output are the same either way.
 pub(super) fn channel_tile(c_out: usize) -> usize {
     if !avx512() && 100 * c_out.next_multiple_of(6) <= 104 * c_out {
         return 6;
