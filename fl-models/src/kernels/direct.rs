@@ -508,9 +508,10 @@ fn weight_grad_chunk(
             // Four channels × six taps for tiles of eight too (two per tile): per multiply-add
             // half the loads of the output gradient, which streams from L2 (17% less time in
             // this kernel on CNN1 and ResNet-20); every sum keeps its order of additions. AVX2:
-            // two channels × two taps, 8 of its 16 registers for the sums (half the lanes at a
-            // time, 4 × 2 taps in 8-lane registers, measured 5% faster in `fl bench --kernels`:
-            // not worth a second kernel).
+            // two channels × three taps, 12 of its 16 registers for the sums (2 × 2, 8 chains
+            // for two FMA units of 4 cycles' latency, ran 5–30% slower in `fl bench --kernels`,
+            // one thread, best of three: VGG-16 block 1 47 → 62 GFLOP/s, ResNet-20 stage 3
+            // 36 → 48).
             let (x, d, c, dw) = (&inputs[..], &grads[..], g.c_out, &mut dw[..]);
             match (avx512(), wide.channel_tile) {
                 (true, 6) => tiles::weight_grad_avx512::<6, 4>((wide, count, count), x, d, c, dw),
@@ -521,7 +522,7 @@ fn weight_grad_chunk(
                     // they streamed from L2 once per tile, at one load per multiply-add.
                     let plane = wide.padded[0] * wide.padded[1];
                     let pass = 4096 / (2 * wide.len + plane);
-                    tiles::weight_grad_avx2::<2, 2>((wide, count, pass), x, d, c, dw)
+                    tiles::weight_grad_avx2::<2, 3>((wide, count, pass), x, d, c, dw)
                 }
             }
         }
