@@ -122,9 +122,11 @@ mod tiles {
         for n in 0..chunk.count {
             let mut tile = sums.iter_mut();
             for co in 0..tiles {
+                // The register tile's first channel, as its stream tile and vector in it.
+                let first = co * 16 * V;
                 let (co0, v0) = (
-                    co / (CHANNEL_TILE / 16 / V) * CHANNEL_TILE,
-                    co * V % (CHANNEL_TILE / 16),
+                    first / CHANNEL_TILE * CHANNEL_TILE,
+                    first % CHANNEL_TILE / 16,
                 );
                 for ci in 0..g.c_in {
                     for ky in 0..kh {
