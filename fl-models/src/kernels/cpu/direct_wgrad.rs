@@ -13,7 +13,11 @@
 //! Both kernels read a zero-padded copy of the input, so that a pixel's taps run without a
 //! branch per tap (a check per tap made the 5-wide kernel's loop twice as long as its
 //! multiply-adds: 10–25% slower in `fl bench --kernels` than adding the padding's zeros); the
-//! 5-wide kernel still skips a pixel's kernel row where the whole row reads the padding.
+//! 5-wide kernel still skips a pixel's kernel row where the whole row reads the padding, from
+//! per-row lists of the pixels that read the image (`kernel_rows`: a branch, two index loads
+//! and a multiplication per pixel made its loop three times as long as its ten multiply-adds
+//! on AVX2; with the lists and streams of one vector of channels there, CNN2 trains 15–20%
+//! faster on one thread, `fl bench`, best of three alternating runs).
 
 use super::{Aligned, Conv2dGeometry, chunk_bias_grad, sum_over_chunks};
 use crate::kernels::direct::Wide;
@@ -90,10 +94,13 @@ fn chunk(
     let mut dw = vec![0.0f32; g.c_out * taps];
     let count = samples.len();
     let three = g.kernel == [3, 3];
-    let tile = if three {
-        CHANNEL_TILE_3X3
-    } else {
-        CHANNEL_TILE
+    // Channels per stream tile: all of a register tile's on AVX-512 (4 vectors under 5-wide
+    // kernels), one vector on AVX2, whose register tile holds one: its passes then stream
+    // contiguous memory, not a quarter of each pixel's 256 bytes.
+    let tile = match (three, uses(Isa::Avx512)) {
+        (true, _) => CHANNEL_TILE_3X3,
+        (false, true) => CHANNEL_TILE,
+        (false, false) => 16,
     };
     let dy_t = class_streams(g, dy, classes, count, tile);
     let padded = wide.pad_inputs(x, g.input_len(), count);
@@ -129,26 +136,31 @@ fn chunk(
                 }
             }
         } else {
-            let args = tiles::Chunk {
-                g,
-                wide,
-                count,
-                padded: &padded,
-                dy_t: &dy_t,
-                classes,
-            };
-            for co0 in (0..g.c_out).step_by(CHANNEL_TILE) {
+            let rows = kernel_rows(g, wide, classes);
+            for co0 in (0..g.c_out).step_by(tile) {
                 for ci in 0..g.c_in {
-                    for ky in 0..g.kernel[0] {
-                        if uses(Isa::Avx512) {
-                            let at = [co0, ci, ky, 0];
-                            tiles::kernel_row_avx512::<KERNEL_WIDTH, 4>(&args, at, &mut dw);
+                    for (ky, rows) in rows.iter().enumerate() {
+                        let args = tiles::Chunk {
+                            g,
+                            wide,
+                            count,
+                            padded: &padded,
+                            dy_t: &dy_t,
+                            classes,
+                            rows,
+                        };
+                        if tile == CHANNEL_TILE {
+                            tiles::kernel_row_avx512::<KERNEL_WIDTH, 4>(
+                                &args,
+                                [co0, ci, ky],
+                                &mut dw,
+                            );
                         } else {
-                            // One vector of channels at a time.
-                            for v0 in 0..CHANNEL_TILE / 16 {
-                                let at = [co0, ci, ky, v0];
-                                tiles::kernel_row_avx2::<KERNEL_WIDTH, 1>(&args, at, &mut dw);
-                            }
+                            tiles::kernel_row_avx2::<KERNEL_WIDTH, 1>(
+                                &args,
+                                [co0, ci, ky],
+                                &mut dw,
+                            );
                         }
                     }
                 }
@@ -156,6 +168,32 @@ fn chunk(
         }
     }
     (dw, db)
+}
+
+/// Per kernel row `ky` and lane class, the pixels whose kernel row reads the image (the others
+/// read only the padding: their products are zeros, skipped) as (index in the class, offset of
+/// the row's first tap in a padded plane), in the class's order.
+fn kernel_rows(
+    g: &Conv2dGeometry,
+    wide: &Wide,
+    classes: &[Vec<[usize; 2]>],
+) -> Vec<Vec<Vec<[usize; 2]>>> {
+    let ([h, ph], wp) = ([g.input[0], g.pad_begin[0]], wide.padded[1]);
+    (0..g.kernel[0])
+        .map(|ky| {
+            classes
+                .iter()
+                .map(|class| {
+                    class
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, [oy, _])| (ph..h + ph).contains(&(oy + ky)))
+                        .map(|(j, [oy, ox])| [j, (oy + ky) * wp + ox])
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Output gradients channel-minor, `[sample][pixel][c_out]`: a pixel's channels are vectors.
@@ -212,7 +250,7 @@ fn class_streams(
 /// lanes); each element's chains are the same either way.
 #[cfg(target_arch = "x86_64")]
 pub(super) mod tiles {
-    use super::{CHANNEL_TILE, CHANNEL_TILE_3X3, Conv2dGeometry, LANES, Wide};
+    use super::{CHANNEL_TILE_3X3, Conv2dGeometry, LANES, Wide};
     use crate::kernels::lanes16::{Lanes16, tier_entries};
     use std::mem::MaybeUninit;
 
@@ -230,7 +268,7 @@ pub(super) mod tiles {
         unsafe { taps_3x3::<std::arch::x86_64::__m512, 2, 9>(chunk, [co0, ci, 0, 0], dw) }
     }
     tier_entries!(kernel_row_avx512, kernel_row_avx2 =>
-        kernel_row<const KW, const V>(chunk: &Chunk, at: [usize; 4], dw: &mut [f32]));
+        kernel_row<const KW, const V>(chunk: &Chunk, at: [usize; 3], dw: &mut [f32]));
 
     /// The 16 lane chains of a register tile, added by `_mm512_reduce_add_ps`'s tree (lane `l`
     /// with `l + 8`, then `+ 4`, `+ 2`, `+ 1`) as they arrive: the lanes come in the tree's
@@ -392,9 +430,10 @@ pub(super) mod tiles {
         }
     }
 
-    /// One chunk of samples: `count` zero-padded inputs (`wide`'s layout), their output
-    /// gradients as `class_streams` lays them out for 64-channel tiles, and the output pixels
-    /// of each lane class in tree order.
+    /// One chunk of samples and one kernel row: `count` zero-padded inputs (`wide`'s layout),
+    /// their output gradients as `class_streams` lays them out for tiles of `16·V` channels,
+    /// the output pixels of each lane class in tree order, and per class the pixels whose
+    /// kernel row reads the image with their row's offset in a padded plane (`kernel_rows`).
     pub(super) struct Chunk<'a> {
         pub(super) g: &'a Conv2dGeometry,
         pub(super) wide: &'a Wide,
@@ -402,22 +441,24 @@ pub(super) mod tiles {
         pub(super) padded: &'a [f32],
         pub(super) dy_t: &'a [f32],
         pub(super) classes: &'a [Vec<[usize; 2]>],
+        pub(super) rows: &'a [Vec<[usize; 2]>],
     }
 
-    /// `dw[co0 + 16·v0 .. + 16·V, (ci, ky, kx)]` for every `kx`: per lane class, a chain over the
+    /// `dw[co0 .. co0 + 16·V, (ci, ky, kx)]` for every `kx`: per lane class, a chain over the
     /// chunk's samples and the class's pixels whose kernel row reads the image (the columns
     /// on the padding add zeros: no branch per tap), then the 16 chains added by
     /// [`LaneTree`].
     ///
     /// # Safety
     /// `L`'s tier; `KW == g.kernel[1]`; `wide` is `g`'s layout, `padded` holds `count` padded
-    /// inputs of `wide.input_len` floats, `dy_t` their output gradients in class streams, `dw`
-    /// `c_out · c_in·kh·kw` floats, `co0` a multiple of 64 with `co0 + 64 <= c_out`,
-    /// `16·(v0 + V) <= 64`, `ci < c_in`, `ky < kh`, and `classes` lists each output pixel once.
+    /// inputs of `wide.input_len` floats, `dy_t` their output gradients in class streams of
+    /// `16·V` channels, `dw` `c_out · c_in·kh·kw` floats, `co0` a multiple of `16·V` with
+    /// `co0 + 16·V <= c_out`, `ci < c_in`, `ky < kh`, `classes` lists each output pixel once
+    /// and `rows` is `kernel_rows`' entry for `ky`.
     #[inline(always)]
     unsafe fn kernel_row<L: Lanes16, const KW: usize, const V: usize>(
         chunk: &Chunk,
-        [co0, ci, ky, v0]: [usize; 4],
+        [co0, ci, ky]: [usize; 3],
         dw: &mut [f32],
     ) {
         let Chunk {
@@ -427,43 +468,46 @@ pub(super) mod tiles {
             padded,
             dy_t,
             classes,
+            rows,
         } = *chunk;
-        let ([h, ph], [hp, wp]) = ([g.input[0], g.pad_begin[0]], wide.padded);
-        assert!(KW == g.kernel[1] && co0 + CHANNEL_TILE <= g.c_out && ci < g.c_in);
-        assert!(co0.is_multiple_of(CHANNEL_TILE) && ky < g.kernel[0]);
-        assert!(16 * (v0 + V) <= CHANNEL_TILE);
+        let tile = 16 * V;
+        let (pixels, [hp, wp]) = (g.out_plane(), wide.padded);
+        assert!(KW == g.kernel[1] && co0 + tile <= g.c_out && ci < g.c_in);
+        assert!(co0.is_multiple_of(tile) && ky < g.kernel[0]);
         assert!(padded.len() >= count * wide.input_len && dy_t.len() >= count * g.output_len());
         assert!(
             (ci + 1) * hp * wp <= wide.input_len
                 && [hp, wp] == [g.output[0] + g.kernel[0] - 1, g.output[1] + KW - 1]
         );
         assert!(
-            classes.len() == LANES && classes.iter().map(Vec::len).sum::<usize>() == g.out_plane()
+            classes.len() == LANES
+                && rows.len() == LANES
+                && classes.iter().map(Vec::len).sum::<usize>() == pixels
+        );
+        assert!(
+            rows.iter()
+                .zip(classes)
+                .all(|(r, c)| r.iter().all(|&[j, at]| j < c.len() && at + KW <= hp * wp))
         );
         assert!(dw.len() >= g.c_out * g.col_rows());
-        // SAFETY: the asserts bound every access: pixel `(oy, ox)` reads padded row
-        // `oy + ky < Hp`, columns `ox + kx < Wp`, of channel `ci`'s plane, within the sample's
-        // padded input; the tile's stream is `count·pixels·64` floats from
-        // `co0·count·pixels`, within `count·c_out·pixels`.
+        // SAFETY: the asserts bound every access: a row's taps `at .. at + KW` lie in channel
+        // `ci`'s padded plane of the sample's padded input; class `c`'s pixel `j` of sample `n`
+        // is at `(count·start + n·len + j)·tile` in the tile's stream of `count·pixels·tile`
+        // floats from `co0·count·pixels`, within `count·c_out·pixels`.
         unsafe {
-            // This tile's stream, class after class, at the register tile's channels.
-            let mut d = dy_t.as_ptr().add(co0 * count * g.out_plane() + 16 * v0);
+            let stream = dy_t.as_ptr().add(co0 * count * pixels);
             let zero: Tile<L, V, KW> = [[L::zero(); KW]; V];
             let mut tree = LaneTree::<L, V, KW>::new();
-            for class in classes {
+            let mut start = 0;
+            for (class, rows) in classes.iter().zip(rows) {
                 let mut acc = zero;
                 for n in 0..count {
                     let plane = padded.as_ptr().add(n * wide.input_len + ci * hp * wp);
-                    for &[oy, ox] in class {
-                        // The stream holds every pixel, also those this kernel row skips.
-                        let pixel = d;
-                        d = d.add(CHANNEL_TILE);
-                        let row = oy + ky;
-                        if row < ph || row >= h + ph {
-                            continue;
-                        }
+                    let d = stream.add((count * start + n * class.len()) * tile);
+                    for &[j, at] in rows {
+                        let pixel = d.add(j * tile);
                         let dv: [L; V] = std::array::from_fn(|v| L::load(pixel.add(v * 16)));
-                        let xp = plane.add(row * wp + ox);
+                        let xp = plane.add(at);
                         for kx in 0..KW {
                             let xb = L::splat(*xp.add(kx));
                             for (v, a) in acc.iter_mut().enumerate() {
@@ -472,10 +516,11 @@ pub(super) mod tiles {
                         }
                     }
                 }
+                start += class.len();
                 tree.push(acc);
             }
             let row = (ci * g.kernel[0] + ky) * KW;
-            store_tile(tree.total(), [co0 + 16 * v0, row, g.col_rows()], dw);
+            store_tile(tree.total(), [co0, row, g.col_rows()], dw);
         }
     }
 }
