@@ -36,9 +36,13 @@ const TILE: usize = 16;
 /// other, each with 8 × [`PAIR`] running sums, so each weight broadcast feeds two vectors of
 /// samples (one broadcast per multiply-add kept two load ports as busy as the two FMA ports).
 const PART: usize = 8;
-/// Channels per register tile on AVX2 (16 registers of 8 lanes): 4 × one group of samples,
-/// 8 registers of running sums.
-const PART_AVX2: usize = 4;
+/// Channels per register tile on AVX2 (16 registers of 8 lanes): 6 × one group of samples,
+/// 12 registers of running sums (with 4, 8 chains were just enough to cover the FMA latency
+/// and the loop left the FMA ports idle a third of the time); the tile's last part is
+/// [`REST_AVX2`] channels.
+const PART_AVX2: usize = 6;
+/// The last part of a tile on AVX2: 16 = 6 + 6 + 4.
+const REST_AVX2: usize = TILE % PART_AVX2;
 /// Groups of samples per task (two vectors of samples per register tile).
 const PAIR: usize = 2;
 /// The forward pass's input channels per chunk read about this many bytes of input (the L1
@@ -250,10 +254,10 @@ fn forward_groups<const V: usize>(
     // requires, `out` `V` groups' outputs.
     unsafe {
         if uses(Isa::Avx512) {
-            tiles::forward_avx512::<V, PART>(g, order, x, w, bias, out);
+            tiles::forward_avx512::<V, PART, 0>(g, order, x, w, bias, out);
         } else {
             for (x, out) in x.into_iter().zip(out.chunks_exact_mut(out.len() / V)) {
-                tiles::forward_avx2::<1, PART_AVX2>(g, order, [x], w, bias, out);
+                tiles::forward_avx2::<1, PART_AVX2, REST_AVX2>(g, order, [x], w, bias, out);
             }
         }
     }
@@ -272,10 +276,10 @@ fn input_grad_groups<const V: usize>(
     // SAFETY: as in `forward_groups`, for `input_grad_tile`.
     unsafe {
         if uses(Isa::Avx512) {
-            tiles::input_grad_avx512::<V, PART>(g, order, dy, w, out);
+            tiles::input_grad_avx512::<V, PART, 0>(g, order, dy, w, out);
         } else {
             for (dy, out) in dy.into_iter().zip(out.chunks_exact_mut(out.len() / V)) {
-                tiles::input_grad_avx2::<1, PART_AVX2>(g, order, [dy], w, out);
+                tiles::input_grad_avx2::<1, PART_AVX2, REST_AVX2>(g, order, [dy], w, out);
             }
         }
     }
@@ -348,376 +352,6 @@ fn valid_taps(o: usize, kernel: usize, stride: usize, pad: usize, size: usize) -
     (lo, hi.max(lo))
 }
 
-/// The kernels, written once over [`Lanes16`] and compiled for each tier (`tier_entries!`).
+/// The kernels, written once over [`Lanes16`](crate::kernels::lanes16::Lanes16) and compiled for each tier (`tier_entries!`).
 #[cfg(target_arch = "x86_64")]
-mod tiles {
-    use super::super::first_lanes;
-    use super::{CHUNK_BYTES, CHUNK_BYTES_AVX2, Conv2dGeometry, LANES, Order, TILE, valid_taps};
-    use crate::kernels::isa::{Isa, uses};
-    use crate::kernels::lanes16::{Lanes16, tier_entries};
-
-    /// `PART` channels × `V` vectors of samples.
-    type Sums<L, const V: usize, const PART: usize> = [[L; V]; PART];
-
-    tier_entries!(to_lanes_avx512, to_lanes_avx2 =>
-        to_lanes_group<>(src: &[f32], per_sample: usize, dst: &mut [f32],
-            at: impl Fn(usize) -> usize));
-    tier_entries!(from_lanes_avx512, from_lanes_avx2 =>
-        from_lanes_group<>(src: &[f32], shape: [usize; 2], tile_stride: usize, dst: &mut [f32]));
-    tier_entries!(forward_avx512, forward_avx2 =>
-        forward_tile<const V, const PART>(g: &Conv2dGeometry, order: Order, x: [&[f32]; V],
-            w: &[f32], bias: &[f32], out: &mut [f32]));
-    tier_entries!(input_grad_avx512, input_grad_avx2 =>
-        input_grad_tile<const V, const PART>(g: &Conv2dGeometry, order: Order,
-            dy: [&[f32]; V], w: &[f32], out: &mut [f32]));
-
-    /// One group of [`super::to_lanes`]: `src` holds 1–16 samples of `per_sample` floats; value
-    /// `i` of sample `lane` goes to `dst[at(i) · LANES + lane]`, zeros in the missing lanes.
-    ///
-    /// # Safety
-    /// `L`'s tier; `src.len()` a multiple of `per_sample` of at most 16 samples (checked, as
-    /// is `at(i) < dst.len() / LANES` for every `i < per_sample`).
-    #[inline(always)]
-    unsafe fn to_lanes_group<L: Lanes16>(
-        src: &[f32],
-        per_sample: usize,
-        dst: &mut [f32],
-        at: impl Fn(usize) -> usize,
-    ) {
-        let count = src.len() / per_sample;
-        assert!(count <= LANES && count * per_sample == src.len());
-        for i0 in (0..per_sample).step_by(16) {
-            let len = (per_sample - i0).min(16);
-            let mask = first_lanes(len);
-            // SAFETY: the tier is the caller's; register operations only.
-            let mut rows = [unsafe { L::zero() }; 16];
-            for (lane, row) in rows.iter_mut().enumerate().take(count) {
-                // SAFETY: the masked floats `lane · per_sample + i0 .. + len` lie in `src`.
-                *row = unsafe { L::load_masked(src.as_ptr().add(lane * per_sample + i0), mask) };
-            }
-            // SAFETY: as above.
-            unsafe { L::transpose(&mut rows) };
-            for (k, row) in rows.iter().enumerate().take(len) {
-                let to = at(i0 + k);
-                assert!(to < dst.len() / LANES);
-                // SAFETY: `to < dst.len() / LANES`, so the vector lies in `dst`.
-                unsafe { row.store(dst.as_mut_ptr().add(to * LANES)) };
-            }
-        }
-    }
-
-    /// One group of [`super::from_lanes`]: `src` holds the group's tiles `[pixels][TILE][LANES]`,
-    /// `tile_stride` floats apart, `dst` 1–16 samples `[channels][pixels]`.
-    ///
-    /// # Safety
-    /// `L`'s tier; `src` holds `(channels.div_ceil(TILE) − 1) · tile_stride + pixels · TILE ·
-    /// LANES` floats and `dst.len()` is a multiple of `channels · pixels` of at most 16 samples.
-    #[inline(always)]
-    unsafe fn from_lanes_group<L: Lanes16>(
-        src: &[f32],
-        [channels, pixels]: [usize; 2],
-        tile_stride: usize,
-        dst: &mut [f32],
-    ) {
-        let per_sample = channels * pixels;
-        let count = dst.len() / per_sample;
-        assert!(count <= LANES && count * per_sample == dst.len() && channels > 0);
-        assert!(src.len() >= (channels.div_ceil(TILE) - 1) * tile_stride + pixels * TILE * LANES);
-        for c in 0..channels {
-            // Channel `c`'s vectors of samples, one per pixel.
-            let lines = src[(c / TILE) * tile_stride + (c % TILE) * LANES..].as_ptr();
-            for p0 in (0..pixels).step_by(16) {
-                let len = (pixels - p0).min(16);
-                let mask = first_lanes(len);
-                // SAFETY: the tier is the caller's; register operations only.
-                let mut rows = [unsafe { L::zero() }; 16];
-                for (k, row) in rows.iter_mut().enumerate().take(len) {
-                    // SAFETY: pixel `p0 + k < pixels` of channel `c`'s tile lies in `src`.
-                    *row = unsafe { L::load(lines.add((p0 + k) * TILE * LANES)) };
-                }
-                // SAFETY: as above.
-                unsafe { L::transpose(&mut rows) };
-                for (lane, row) in rows.iter().enumerate().take(count) {
-                    let to = lane * per_sample + c * pixels + p0;
-                    assert!(to + len <= dst.len());
-                    // SAFETY: the masked floats `to .. to + len` lie in `dst`.
-                    unsafe { row.store_masked(dst.as_mut_ptr().add(to), mask) };
-                }
-            }
-        }
-    }
-
-    /// Adds `sums` onto the `PART` × `V` vectors at `dst(v) + t · LANES`.
-    ///
-    /// # Safety
-    /// `L`'s tier; each `dst(v)` points at `PART · LANES` writable floats.
-    #[inline(always)]
-    unsafe fn add_onto<L: Lanes16, const V: usize, const PART: usize>(
-        dst: &[*mut f32; V],
-        sums: &Sums<L, V, PART>,
-    ) {
-        for (t, s) in sums.iter().enumerate() {
-            for (d, s) in dst.iter().zip(s) {
-                // SAFETY: the caller upholds this function's contract.
-                unsafe {
-                    let at = d.add(t * LANES);
-                    L::load(at).add(*s).store(at);
-                }
-            }
-        }
-    }
-
-    /// Stores `sums` at the `PART` × `V` vectors `dst(v) + t · LANES`.
-    ///
-    /// # Safety
-    /// `L`'s tier; each `dst(v)` points at `PART · LANES` writable floats.
-    #[inline(always)]
-    unsafe fn store<L: Lanes16, const V: usize, const PART: usize>(
-        dst: &[*mut f32; V],
-        sums: &Sums<L, V, PART>,
-    ) {
-        for (t, s) in sums.iter().enumerate() {
-            for (d, s) in dst.iter().zip(s) {
-                // SAFETY: the caller upholds this function's contract.
-                unsafe { s.store(d.add(t * LANES)) };
-            }
-        }
-    }
-
-    /// The `PART` × `V` vectors at `dst(v) + t · LANES`, as [`store`] writes them.
-    ///
-    /// # Safety
-    /// `L`'s tier; each `dst(v)` points at `PART · LANES` readable floats.
-    #[inline(always)]
-    unsafe fn load<L: Lanes16, const V: usize, const PART: usize>(
-        dst: &[*mut f32; V],
-    ) -> Sums<L, V, PART> {
-        // SAFETY: the caller upholds this function's contract.
-        std::array::from_fn(|t| std::array::from_fn(|v| unsafe { L::load(dst[v].add(t * LANES)) }))
-    }
-
-    /// One channel tile of `V` groups of samples: `out[v][p][t][lane]` for every output pixel
-    /// `p`, `PART` channels of the tile at a time, over the input channels in chunks
-    /// whose inputs stay in the L1 cache: each output's chain pauses at a chunk's end (its
-    /// running sums kept in `out` for the direct order, in `state` with the depth block's
-    /// index for gemm's) and resumes at the next, the same chain as without chunks.
-    ///
-    /// # Safety
-    /// `L`'s tier; each `x[v]` holds a group's input `[c_in][h][w][LANES]`, `w` the tile's
-    /// weights `[c_in·kh·kw][TILE]`, `bias` [`TILE`] floats and `out`
-    /// `V · out_plane · TILE · LANES`.
-    #[inline(always)]
-    unsafe fn forward_tile<L: Lanes16, const V: usize, const PART: usize>(
-        g: &Conv2dGeometry,
-        order: Order,
-        x: [&[f32]; V],
-        w: &[f32],
-        bias: &[f32],
-        out: &mut [f32],
-    ) {
-        // SAFETY: the same contract.
-        unsafe {
-            if order.from_bias {
-                forward_chains::<L, V, PART, false>(g, order, x, w, bias, out);
-            } else {
-                forward_chains::<L, V, PART, true>(g, order, x, w, bias, out);
-            }
-        }
-    }
-
-    /// [`forward_tile`], with the depth-block checks of gemm's order (`BLOCKED`) or without
-    /// them (the direct order's one chain): the inner loop then holds only the multiply-adds
-    /// and two pointer bumps.
-    ///
-    /// # Safety
-    /// As [`forward_tile`], with `BLOCKED == !order.from_bias`.
-    #[inline(always)]
-    unsafe fn forward_chains<L: Lanes16, const V: usize, const PART: usize, const BLOCKED: bool>(
-        g: &Conv2dGeometry,
-        order: Order,
-        x: [&[f32]; V],
-        w: &[f32],
-        bias: &[f32],
-        out: &mut [f32],
-    ) {
-        assert_eq!(BLOCKED, !order.from_bias);
-        assert!(TILE.is_multiple_of(PART));
-        let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
-        let rows = g.c_in * kh * kw;
-        assert!(x.iter().all(|x| x.len() >= g.c_in * h * wd * LANES));
-        assert!(w.len() >= rows * TILE && bias.len() >= TILE);
-        assert!(out.len() >= V * oh * ow * TILE * LANES);
-        let kc = order.forward_kc;
-        let blocks = rows.div_ceil(kc);
-        // Input channels per chunk: the chunk's planes of all `V` groups in about the budget.
-        let budget = if uses(Isa::Avx512) {
-            CHUNK_BYTES
-        } else {
-            CHUNK_BYTES_AVX2
-        };
-        let chunk = (budget / (V * h * wd * LANES * 4)).max(1);
-        // SAFETY: the tier is the caller's.
-        let zero: Sums<L, V, PART> = [[unsafe { L::zero() }; V]; PART];
-        // Per part of the tile and pixel: the running sums of the current depth block and its index
-        // (gemm order; the direct order's one chain pauses in `out` itself).
-        let states = if BLOCKED { oh * ow } else { 0 };
-        let mut state = vec![(zero, 0usize); TILE / PART * states];
-        // SAFETY: the asserts bound every access: taps come from `valid_taps`, so every input
-        // read lies inside the image.
-        unsafe {
-            for c0 in (0..g.c_in).step_by(chunk) {
-                let c1 = (c0 + chunk).min(g.c_in);
-                for half in (0..TILE).step_by(PART) {
-                    let state = &mut state[half / PART * states..][..states];
-                    let bias: Sums<L, V, PART> =
-                        std::array::from_fn(|t| [L::splat(bias[half + t]); V]);
-                    for oy in 0..oh {
-                        let (ky_lo, ky_hi) = valid_taps(oy, kh, g.stride[0], g.pad_begin[0], h);
-                        for ox in 0..ow {
-                            let (kx_lo, kx_hi) =
-                                valid_taps(ox, kw, g.stride[1], g.pad_begin[1], wd);
-                            let pixel = (oy * ow + ox) * TILE + half;
-                            let dst: [*mut f32; V] = std::array::from_fn(|v| {
-                                out.as_mut_ptr().add((v * oh * ow * TILE + pixel) * LANES)
-                            });
-                            let (mut sums, mut block) = if !BLOCKED {
-                                // One chain from the bias, paused in `out` between chunks.
-                                (if c0 == 0 { bias } else { load(&dst) }, 0)
-                            } else {
-                                state[oy * ow + ox]
-                            };
-                            if c0 == 0 && BLOCKED {
-                                // The output starts at the bias and takes each block's chain.
-                                store(&dst, &bias);
-                            }
-                            // The first block that ends after the chain's position.
-                            let mut next = (block + 1) * kc;
-                            let ix0 = ox * g.stride[1] + kx_lo - g.pad_begin[1];
-                            for c in c0..c1 {
-                                for ky in ky_lo..ky_hi {
-                                    let iy = oy * g.stride[0] + ky - g.pad_begin[0];
-                                    let k0 = (c * kh + ky) * kw + kx_lo;
-                                    let at = ((c * h + iy) * wd + ix0) * LANES;
-                                    let mut xp: [*const f32; V] =
-                                        std::array::from_fn(|v| x[v].as_ptr().add(at));
-                                    let mut wk = w.as_ptr().add(k0 * TILE + half);
-                                    for k in k0..k0 + (kx_hi - kx_lo) {
-                                        while BLOCKED && k >= next {
-                                            add_onto(&dst, &sums);
-                                            sums = zero;
-                                            block += 1;
-                                            next += kc;
-                                        }
-                                        let xv: [L; V] = std::array::from_fn(|v| L::load(xp[v]));
-                                        for (t, s) in sums.iter_mut().enumerate() {
-                                            let wt = L::splat(*wk.add(t));
-                                            for (s, xv) in s.iter_mut().zip(&xv) {
-                                                *s = wt.mul_add(*xv, *s);
-                                            }
-                                        }
-                                        xp = std::array::from_fn(|v| xp[v].add(LANES));
-                                        wk = wk.add(TILE);
-                                    }
-                                }
-                            }
-                            if !BLOCKED {
-                                store(&dst, &sums);
-                            } else if c1 == g.c_in {
-                                while block < blocks {
-                                    add_onto(&dst, &sums);
-                                    sums = zero;
-                                    block += 1;
-                                }
-                            } else {
-                                state[oy * ow + ox] = (sums, block);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// One input-channel tile of `V` groups of samples: `out[v][q][t][lane]` for every input
-    /// pixel `q`, its taps in (ky, kx) order, each a chain over the output channels (in depth
-    /// blocks) for `PART` channels of the tile at a time.
-    ///
-    /// # Safety
-    /// `L`'s tier; each `dy[v]` holds a group's output gradient `[out_plane][c_out][LANES]`,
-    /// `w` the tile's weights `[kh·kw][c_out][TILE]` and `out` `V · h · w · TILE · LANES`
-    /// zeroed floats.
-    #[inline(always)]
-    unsafe fn input_grad_tile<L: Lanes16, const V: usize, const PART: usize>(
-        g: &Conv2dGeometry,
-        order: Order,
-        dy: [&[f32]; V],
-        w: &[f32],
-        out: &mut [f32],
-    ) {
-        let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
-        let [sh, sw] = g.stride;
-        let [ph, pw] = g.pad_begin;
-        assert!(dy.iter().all(|dy| dy.len() >= oh * ow * g.c_out * LANES));
-        assert!(w.len() >= kh * kw * g.c_out * TILE);
-        assert!(out.len() >= V * h * wd * TILE * LANES);
-        assert!(TILE.is_multiple_of(PART));
-        let kc = order.input_kc;
-        // The output index `o` that tap `k` of input index `i` comes from, if any.
-        let source = |i: usize, k: usize, s: usize, pad: usize, size: usize| {
-            let t = (i + pad).checked_sub(k)?;
-            (t % s == 0 && t / s < size).then_some(t / s)
-        };
-        // SAFETY: the asserts bound every access (`source` yields pixels inside the output).
-        unsafe {
-            let zero: Sums<L, V, PART> = [[L::zero(); V]; PART];
-            for iy in 0..h {
-                for ix in 0..wd {
-                    for ky in 0..kh {
-                        let Some(oy) = source(iy, ky, sh, ph, oh) else {
-                            continue;
-                        };
-                        for kx in 0..kw {
-                            let Some(ox) = source(ix, kx, sw, pw, ow) else {
-                                continue;
-                            };
-                            let at = (oy * ow + ox) * g.c_out * LANES;
-                            // The tile's parts in turn, the later ones reading the same
-                            // output gradients and weight lines from the L1 cache.
-                            for half in (0..TILE).step_by(PART) {
-                                let pixel = (iy * wd + ix) * TILE + half;
-                                let dst: [*mut f32; V] = std::array::from_fn(|v| {
-                                    out.as_mut_ptr().add((v * h * wd * TILE + pixel) * LANES)
-                                });
-                                let wt = w.as_ptr().add((ky * kw + kx) * g.c_out * TILE + half);
-                                let mut column = zero;
-                                for o0 in (0..g.c_out).step_by(kc) {
-                                    let mut sums = zero;
-                                    for o in o0..(o0 + kc).min(g.c_out) {
-                                        let dv: [L; V] = std::array::from_fn(|v| {
-                                            L::load(dy[v].as_ptr().add(at + o * LANES))
-                                        });
-                                        let wo = wt.add(o * TILE);
-                                        for (t, s) in sums.iter_mut().enumerate() {
-                                            let wb = L::splat(*wo.add(t));
-                                            for (s, dv) in s.iter_mut().zip(&dv) {
-                                                *s = wb.mul_add(*dv, *s);
-                                            }
-                                        }
-                                    }
-                                    column = if o0 == 0 {
-                                        sums
-                                    } else {
-                                        std::array::from_fn(|t| {
-                                            std::array::from_fn(|v| column[t][v].add(sums[t][v]))
-                                        })
-                                    };
-                                }
-                                add_onto(&dst, &column);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
+mod tiles;
