@@ -116,11 +116,12 @@ fn applies(g: &Conv2dGeometry) -> bool {
 /// A map of at most [`MAX_PIXELS`] outputs whose taps read the padding at least 15% of the
 /// time (25% on AVX2), or any such map of a strided convolution (whose other path is im2col,
 /// not the direct kernels: ResNet-20's stride-2 layer into its 8×8 stage, 8% padding, trains
-/// about 1% faster and evaluates 6% faster this way). AVX2's register tiles are a quarter of
-/// AVX-512's (4 channels × one vector of samples, not 8 × 2): there the direct kernels stay
-/// faster on 8×8 and 7×7 maps under 3×3 kernels (16% and 18% padding: forward 35–40% of the
-/// FMA peak across samples, 45–55% direct, `fl bench --kernels`, best of three), while 8×8
-/// maps under 5×5 kernels (28%) and the smaller maps gain.
+/// about 1% faster and evaluates 6% faster this way). AVX2's register tiles are 6 channels ×
+/// one vector of samples, not 8 × 2: there the direct kernels stay as fast on 8×8 and 7×7 maps
+/// under 3×3 kernels (16% and 18% padding: with these tiles, ResNet-20's, VGG-16's and CNN4's
+/// 8×8 layers ran 0–20% slower across samples, `fl bench --kernels`, best of three; with tiles
+/// of 4 the forward pass ran at 35–40% of the FMA peak against 45–55% direct), while 8×8 maps
+/// under 5×5 kernels (28%) and the smaller maps gain.
 fn takes_map(g: &Conv2dGeometry) -> bool {
     let valid_percent = if uses(Isa::Avx512) { 85 } else { 75 };
     (1..=MAX_PIXELS).contains(&g.out_plane())
