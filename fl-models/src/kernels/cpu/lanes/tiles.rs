@@ -1,5 +1,5 @@
-//! The kernels across samples, written once over [`Lanes16`] and compiled for each tier
-//! (`tier_entries!`).
+//! The kernels across samples, written once over
+//! [`Lanes16`](crate::kernels::lanes16::Lanes16) and compiled for each tier (`tier_entries!`).
 
 use super::super::first_lanes;
 use super::{CHUNK_BYTES, CHUNK_BYTES_AVX2, Conv2dGeometry, LANES, Order, TILE, valid_taps};
