@@ -160,8 +160,8 @@ pub struct ConvRate {
 const WINDOWS: u32 = 5;
 
 /// Times the forward pass and both gradients of `shape` on a batch of `batch` samples, each
-/// repeated for about `seconds` (the best of five windows), on the current rayon pool (the same entry points the models
-/// call, so buffer copies and zeroing count).
+/// repeated for about `seconds` (the best of five windows), on the current rayon pool (the
+/// same entry points the models call, so buffer copies and zeroing count).
 pub fn conv_rates(shape: ConvShape, batch: usize, seconds: f64) -> ConvRate {
     let g = shape.geometry(batch);
     let fill = |n: usize, salt: usize| -> Vec<f32> {

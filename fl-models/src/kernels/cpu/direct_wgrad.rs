@@ -137,30 +137,23 @@ fn chunk(
             }
         } else {
             let rows = kernel_rows(g, wide, classes);
+            let args = tiles::Chunk {
+                g,
+                wide,
+                count,
+                padded: &padded,
+                dy_t: &dy_t,
+                classes,
+                rows: &rows,
+            };
             for co0 in (0..g.c_out).step_by(tile) {
                 for ci in 0..g.c_in {
-                    for (ky, rows) in rows.iter().enumerate() {
-                        let args = tiles::Chunk {
-                            g,
-                            wide,
-                            count,
-                            padded: &padded,
-                            dy_t: &dy_t,
-                            classes,
-                            rows,
-                        };
+                    for ky in 0..g.kernel[0] {
+                        let at = [co0, ci, ky];
                         if tile == CHANNEL_TILE {
-                            tiles::kernel_row_avx512::<KERNEL_WIDTH, 4>(
-                                &args,
-                                [co0, ci, ky],
-                                &mut dw,
-                            );
+                            tiles::kernel_row_avx512::<KERNEL_WIDTH, 4>(&args, at, &mut dw);
                         } else {
-                            tiles::kernel_row_avx2::<KERNEL_WIDTH, 1>(
-                                &args,
-                                [co0, ci, ky],
-                                &mut dw,
-                            );
+                            tiles::kernel_row_avx2::<KERNEL_WIDTH, 1>(&args, at, &mut dw);
                         }
                     }
                 }
@@ -430,9 +423,9 @@ pub(super) mod tiles {
         }
     }
 
-    /// One chunk of samples and one kernel row: `count` zero-padded inputs (`wide`'s layout),
-    /// their output gradients as `class_streams` lays them out for tiles of `16·V` channels,
-    /// the output pixels of each lane class in tree order, and per class the pixels whose
+    /// One chunk of samples: `count` zero-padded inputs (`wide`'s layout), their output
+    /// gradients as `class_streams` lays them out for tiles of `16·V` channels, the output
+    /// pixels of each lane class in tree order, and per kernel row and class the pixels whose
     /// kernel row reads the image with their row's offset in a padded plane (`kernel_rows`).
     pub(super) struct Chunk<'a> {
         pub(super) g: &'a Conv2dGeometry,
@@ -441,7 +434,7 @@ pub(super) mod tiles {
         pub(super) padded: &'a [f32],
         pub(super) dy_t: &'a [f32],
         pub(super) classes: &'a [Vec<[usize; 2]>],
-        pub(super) rows: &'a [Vec<[usize; 2]>],
+        pub(super) rows: &'a [Vec<Vec<[usize; 2]>>],
     }
 
     /// `dw[co0 .. co0 + 16·V, (ci, ky, kx)]` for every `kx`: per lane class, a chain over the
@@ -454,7 +447,7 @@ pub(super) mod tiles {
     /// inputs of `wide.input_len` floats, `dy_t` their output gradients in class streams of
     /// `16·V` channels, `dw` `c_out · c_in·kh·kw` floats, `co0` a multiple of `16·V` with
     /// `co0 + 16·V <= c_out`, `ci < c_in`, `ky < kh`, `classes` lists each output pixel once
-    /// and `rows` is `kernel_rows`' entry for `ky`.
+    /// and `rows` is `kernel_rows`' result.
     #[inline(always)]
     unsafe fn kernel_row<L: Lanes16, const KW: usize, const V: usize>(
         chunk: &Chunk,
@@ -473,7 +466,8 @@ pub(super) mod tiles {
         let tile = 16 * V;
         let (pixels, [hp, wp]) = (g.out_plane(), wide.padded);
         assert!(KW == g.kernel[1] && co0 + tile <= g.c_out && ci < g.c_in);
-        assert!(co0.is_multiple_of(tile) && ky < g.kernel[0]);
+        assert!(co0.is_multiple_of(tile) && ky < g.kernel[0] && rows.len() == g.kernel[0]);
+        let rows = &rows[ky];
         assert!(padded.len() >= count * wide.input_len && dy_t.len() >= count * g.output_len());
         assert!(
             (ci + 1) * hp * wp <= wide.input_len
