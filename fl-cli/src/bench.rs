@@ -404,14 +404,16 @@ fn peak_rss_mib() -> Option<f64> {
 /// The 3×3 and 5×5 stride-1 convolutions of the FedMR CNN, ResNet-20 and VGG-16 on 3×32×32
 /// inputs, one row per distinct shape, their 1×28×28 maps where the kernel paths differ
 /// (ResNet-20's and VGG-16's 7×7, VGG-16's 3×3 and 1×1), and pFedClub's CNN3 and CNN4 layers
-/// on the maps where their kernel paths differ (3×32×32 and 1×28×28 inputs).
+/// on the maps where their kernel paths differ (3×32×32 and 1×28×28 inputs), and CNN1's and
+/// CNN2's 5×5 layers at 3×32×32.
 #[cfg(feature = "flex")]
-const KERNEL_SHAPES: [(&str, [usize; 5]); 22] = [
+const KERNEL_SHAPES: [(&str, [usize; 5]); 25] = [
     ("cnn conv1", [3, 6, 32, 5, 0]),
     ("cnn conv2", [6, 16, 14, 5, 0]),
     ("resnet20 stage 1", [16, 16, 32, 3, 1]),
     ("resnet20 stage 2", [32, 32, 16, 3, 1]),
     ("resnet20 stage 3", [64, 64, 8, 3, 1]),
+    ("resnet20 stage 1 (1×28×28)", [16, 16, 28, 3, 1]),
     ("resnet20 stage 3 (1×28×28)", [64, 64, 7, 3, 1]),
     ("vgg16 block 1", [64, 64, 32, 3, 1]),
     ("vgg16 block 2", [128, 128, 16, 3, 1]),
@@ -422,6 +424,8 @@ const KERNEL_SHAPES: [(&str, [usize; 5]); 22] = [
     ("vgg16 block 4 (1×28×28)", [512, 512, 3, 3, 1]),
     ("vgg16 block 5 (1×28×28)", [512, 512, 1, 3, 1]),
     ("cnn4 conv5", [64, 128, 8, 3, 1]),
+    ("cnn1/cnn2 conv2", [32, 64, 16, 5, 2]),
+    ("cnn2 conv3", [64, 128, 8, 5, 2]),
     ("cnn3 conv2 (1×28×28)", [32, 64, 14, 5, 2]),
     ("cnn4 conv2 (1×28×28)", [32, 32, 28, 3, 1]),
     ("cnn4 conv4 (1×28×28)", [64, 64, 14, 5, 2]),
@@ -433,12 +437,20 @@ const KERNEL_SHAPES: [(&str, [usize; 5]); 22] = [
 
 /// `fl bench --kernels`: the thread pool's multiply-add peak, then each convolution shape's
 /// forward pass and gradients in GFLOP/s and as a share of that peak (batch 50, as training).
-pub fn bench_kernels(threads: Option<usize>) -> anyhow::Result<()> {
+/// With `layers`, only the shapes whose name contains one of them.
+pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Result<()> {
     #[cfg(feature = "flex")]
     {
         use fl_models::kernels::roofline::{ConvShape, conv_rates, fma_peak_gflops};
         let threads = threads.unwrap_or_else(crate::config::default_threads);
         anyhow::ensure!(threads > 0, "--threads must be at least 1");
+        let chosen =
+            |name: &str| layers.is_empty() || layers.iter().any(|l| name.contains(l.as_str()));
+        anyhow::ensure!(
+            KERNEL_SHAPES.iter().any(|(name, _)| chosen(name)),
+            "--layers {}: no layer of `fl bench --kernels` matches",
+            layers.join(",")
+        );
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
@@ -466,6 +478,9 @@ pub fn bench_kernels(threads: Option<usize>) -> anyhow::Result<()> {
         );
         println!("|---|---|---|---|---|---|");
         for (name, [c_in, c_out, size, kernel, padding]) in KERNEL_SHAPES {
+            if !chosen(name) {
+                continue;
+            }
             let shape = ConvShape {
                 c_in,
                 c_out,
@@ -490,7 +505,7 @@ pub fn bench_kernels(threads: Option<usize>) -> anyhow::Result<()> {
     }
     #[cfg(not(feature = "flex"))]
     {
-        let _ = threads;
+        let _ = (threads, layers);
         anyhow::bail!(
             "fl bench --kernels measures the flex backend's CPU kernels: build with the flex feature"
         )

@@ -146,6 +146,10 @@ enum Command {
         /// kernels' GFLOP/s on the models' shapes (what bounds training speed here).
         #[arg(long, conflicts_with_all = ["quick", "round", "burn_kernels"])]
         kernels: bool,
+        /// With `--kernels`: only the layers whose name contains one of these
+        /// (comma-separated, e.g. `--layers resnet20,cnn2`).
+        #[arg(long, value_delimiter = ',', requires = "kernels")]
+        layers: Vec<String>,
     },
     /// Draw how a partition splits the classes among clients: a heat map (clients × classes)
     /// and a CSV, for a run's partition.json (`--run DIR`) or the one the flags would draw.
@@ -411,8 +415,9 @@ fn main() -> ExitCode {
         Command::Bench {
             threads,
             kernels: true,
+            layers,
             ..
-        } => bench::bench_kernels(threads),
+        } => bench::bench_kernels(threads, &layers),
         Command::Bench {
             threads,
             burn_kernels,
@@ -435,6 +440,7 @@ fn main() -> ExitCode {
             burn_kernels,
             round: None,
             kernels: false,
+            layers: _,
         } => models
             .iter()
             .map(|m| m.parse::<fl_models::ModelKind>())

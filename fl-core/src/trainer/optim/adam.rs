@@ -65,11 +65,20 @@ impl FusedAdam {
     }
 
     /// One element's step: the new weight and moments (`m = None` on the first step).
+    /// `DECAY` says whether the weight decay is on (compile-time, so the loops calling this
+    /// have no branch per element and vectorize).
     #[inline(always)]
-    fn element(&self, c: StepConstants, w: f32, g: f32, m: Option<(f32, f32)>) -> [f32; 3] {
-        let g = match self.penalty {
-            Some(p) => w * p + g,
-            None => g,
+    fn element<const DECAY: bool>(
+        &self,
+        c: StepConstants,
+        w: f32,
+        g: f32,
+        m: Option<(f32, f32)>,
+    ) -> [f32; 3] {
+        let g = if DECAY {
+            w * self.penalty.unwrap_or(0.0) + g
+        } else {
+            g
         };
         let (m1, m2) = match m {
             Some((m1, m2)) => (
@@ -88,9 +97,27 @@ impl FusedAdam {
         c: StepConstants,
         w: &mut [f32],
         g: &[f32],
+        (m1, m2): (&mut [f32], &mut [f32]),
+        first: bool,
+    ) {
+        // The configuration's branches taken once, not per element (with them inside, the
+        // loop stayed scalar).
+        match (self.penalty.is_some(), first) {
+            (false, false) => self.step_with::<false, false>(c, w, g, m1, m2),
+            (false, true) => self.step_with::<false, true>(c, w, g, m1, m2),
+            (true, false) => self.step_with::<true, false>(c, w, g, m1, m2),
+            (true, true) => self.step_with::<true, true>(c, w, g, m1, m2),
+        }
+    }
+
+    /// [`FusedAdam::step_values`] with weight decay `DECAY`, on the first step if `FIRST`.
+    fn step_with<const DECAY: bool, const FIRST: bool>(
+        &self,
+        c: StepConstants,
+        w: &mut [f32],
+        g: &[f32],
         m1: &mut [f32],
         m2: &mut [f32],
-        first: bool,
     ) {
         w.par_chunks_mut(CHUNK)
             .zip(g.par_chunks(CHUNK))
@@ -98,8 +125,8 @@ impl FusedAdam {
             .for_each(|((w, g), (m1, m2))| {
                 let moments = m1.iter_mut().zip(m2.iter_mut());
                 for ((w, &g), (m1, m2)) in w.iter_mut().zip(g).zip(moments) {
-                    let m = (!first).then_some((*m1, *m2));
-                    [*w, *m1, *m2] = self.element(c, *w, g, m);
+                    let m = (!FIRST).then_some((*m1, *m2));
+                    [*w, *m1, *m2] = self.element::<DECAY>(c, *w, g, m);
                 }
             });
     }
@@ -205,8 +232,7 @@ impl Optimizer for FusedAdam {
             c,
             host_values(&mut w),
             host_values(&mut g),
-            host_values(&mut m1),
-            host_values(&mut m2),
+            (host_values(&mut m1), host_values(&mut m2)),
             first,
         );
         let state = AdamMoments {

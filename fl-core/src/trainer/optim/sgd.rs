@@ -42,54 +42,81 @@ impl FusedSgd {
         self.into()
     }
 
-    /// One element's step: the new weight and, with momentum, the new velocity.
+    /// One element's step: the new weight and, with momentum, the new velocity. `DECAY`,
+    /// `MOMENTUM` and `NESTEROV` say which of the configuration's terms are on (compile-time,
+    /// so the loops calling this have no branch per element and vectorize).
     #[inline(always)]
-    fn element(&self, lr: f32, w: f32, g: f32, v: Option<f32>) -> (f32, f32) {
-        let g = match self.penalty {
-            Some(p) => w * p + g,
-            None => g,
-        };
-        let (g, v) = match (self.momentum, v) {
-            (Some((m, keep, nesterov)), v) => {
-                let v = match v {
-                    Some(v) => g * keep + v * m,
-                    None => g,
-                };
-                (if nesterov { v * m + g } else { v }, v)
-            }
-            (None, _) => (g, 0.0),
+    fn element<const DECAY: bool, const MOMENTUM: bool, const NESTEROV: bool>(
+        (penalty, momentum, keep): (f32, f32, f32),
+        lr: f32,
+        w: f32,
+        g: f32,
+        v: Option<f32>,
+    ) -> (f32, f32) {
+        let g = if DECAY { w * penalty + g } else { g };
+        let (g, v) = if MOMENTUM {
+            let v = match v {
+                Some(v) => g * keep + v * momentum,
+                None => g,
+            };
+            (if NESTEROV { v * momentum + g } else { v }, v)
+        } else {
+            (g, 0.0)
         };
         (w - g * lr, v)
     }
 
     /// The step on host memory: `w` and (with momentum) the velocity updated in place.
     fn step_values(&self, lr: f32, w: &mut [f32], g: &mut [f32], v: Option<&mut [f32]>) {
-        match (self.momentum, v) {
-            (None, _) => w
+        // The configuration's branches taken once, not per element: with them inside, the
+        // loops stayed scalar (4% of CNN2's training step on one thread).
+        match (self.penalty.is_some(), self.momentum.map(|(_, _, n)| n)) {
+            (false, None) => self.step_with::<false, false, false>(lr, w, g, v),
+            (true, None) => self.step_with::<true, false, false>(lr, w, g, v),
+            (false, Some(false)) => self.step_with::<false, true, false>(lr, w, g, v),
+            (true, Some(false)) => self.step_with::<true, true, false>(lr, w, g, v),
+            (false, Some(true)) => self.step_with::<false, true, true>(lr, w, g, v),
+            (true, Some(true)) => self.step_with::<true, true, true>(lr, w, g, v),
+        }
+    }
+
+    /// [`FusedSgd::step_values`] for the configuration `DECAY`, `MOMENTUM`, `NESTEROV`.
+    fn step_with<const DECAY: bool, const MOMENTUM: bool, const NESTEROV: bool>(
+        &self,
+        lr: f32,
+        w: &mut [f32],
+        g: &mut [f32],
+        v: Option<&mut [f32]>,
+    ) {
+        let (momentum, keep, _) = self.momentum.unwrap_or((0.0, 0.0, false));
+        let c = (self.penalty.unwrap_or(0.0), momentum, keep);
+        let element = Self::element::<DECAY, MOMENTUM, NESTEROV>;
+        match (MOMENTUM, v) {
+            (false, _) => w
                 .par_chunks_mut(CHUNK)
                 .zip(g.par_chunks(CHUNK))
                 .for_each(|(w, g)| {
                     for (w, &g) in w.iter_mut().zip(g) {
-                        *w = self.element(lr, *w, g, None).0;
+                        *w = element(c, lr, *w, g, None).0;
                     }
                 }),
             // First step: the velocity is the (decayed) gradient, written over the gradient's
             // buffer, which becomes the state.
-            (Some(_), None) => w
+            (true, None) => w
                 .par_chunks_mut(CHUNK)
                 .zip(g.par_chunks_mut(CHUNK))
                 .for_each(|(w, g)| {
                     for (w, g) in w.iter_mut().zip(g) {
-                        (*w, *g) = self.element(lr, *w, *g, None);
+                        (*w, *g) = element(c, lr, *w, *g, None);
                     }
                 }),
-            (Some(_), Some(v)) => w
+            (true, Some(v)) => w
                 .par_chunks_mut(CHUNK)
                 .zip(g.par_chunks(CHUNK))
                 .zip(v.par_chunks_mut(CHUNK))
                 .for_each(|((w, g), v)| {
                     for ((w, &g), v) in w.iter_mut().zip(g).zip(v) {
-                        (*w, *v) = self.element(lr, *w, g, Some(*v));
+                        (*w, *v) = element(c, lr, *w, g, Some(*v));
                     }
                 }),
         }
