@@ -341,6 +341,7 @@ mod avx512_pool {
 /// columns split with shuffles instead of two-source permutes, masks as all-ones lanes.
 #[cfg(target_arch = "x86_64")]
 mod avx2_pool {
+    use crate::kernels::lanes16::Avx2x2;
     use std::arch::x86_64::*;
 
     /// The AVX mask of the first `n` lanes of 8.
@@ -419,11 +420,7 @@ mod avx2_pool {
                     let ([a, b, c, d], window_nan) = corners(x, w, [oy, ox], n);
                     let (top, bottom) = (_mm256_max_ps(b, a), _mm256_max_ps(d, c));
                     let (out, max) = (y.as_mut_ptr().add(oy * ow + ox), _mm256_max_ps(bottom, top));
-                    if n == 8 {
-                        _mm256_storeu_ps(out, max);
-                    } else {
-                        _mm256_maskstore_ps(out, first(n), max);
-                    }
+                    Avx2x2::store_first(out, max, n);
                     nan |= window_nan;
                 }
             }
@@ -479,13 +476,9 @@ mod avx2_pool {
                             _mm256_permute2f128_ps::<0x20>(l, h),
                             _mm256_permute2f128_ps::<0x31>(l, h),
                         );
-                        if n == 8 {
-                            _mm256_storeu_ps(row, first_half);
-                            _mm256_storeu_ps(row.add(8), second_half);
-                        } else {
-                            let (lo, hi) = (first(2 * n), first((2 * n).saturating_sub(8)));
-                            _mm256_maskstore_ps(row, lo, first_half);
-                            _mm256_maskstore_ps(row.wrapping_add(8), hi, second_half);
+                        Avx2x2::store_first(row, first_half, 2 * n);
+                        if n > 4 {
+                            Avx2x2::store_first(row.add(8), second_half, 2 * n - 8);
                         }
                     };
                     let d0 = dx.as_mut_ptr().add(2 * oy * w + 2 * ox);

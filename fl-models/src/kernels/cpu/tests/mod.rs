@@ -588,8 +588,21 @@ fn depthwise_and_activation_bits_do_not_depend_on_tier_or_threads() {
     let x = values(g.batch * g.input_len(), 31);
     let w = values(g.c_in * 9, 32);
     let dy = values(g.batch * g.output_len(), 33);
-    let act_x: Vec<f32> = values(40_000, 34).iter().map(|v| v * 8.0).collect();
-    let act_dy = values(40_000, 35);
+    // The masks' edges too (NaN, ±0, 6, infinities), and a length that leaves tails of
+    // every vector width.
+    let edges = [
+        f32::NAN,
+        -0.0,
+        0.0,
+        6.0,
+        -6.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ];
+    let act_x: Vec<f32> = (values(40_000, 34).iter().map(|v| v * 8.0))
+        .chain(edges)
+        .collect();
+    let act_dy = values(act_x.len(), 35);
     let run = |threads: usize| {
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
