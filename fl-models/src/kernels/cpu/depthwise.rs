@@ -124,8 +124,10 @@ impl Phased {
                     if sw == 1 {
                         super::copy_short(&mut dst[j0..j1], &src[x0..x0 + (j1 - j0)]);
                     } else {
-                        for (j, d) in dst[j0..j1].iter_mut().enumerate() {
-                            *d = src[x0 + j * sw];
+                        // Iterators, not indices: no bounds check per element.
+                        let from = src[x0..].iter().step_by(sw);
+                        for (d, v) in dst[j0..j1].iter_mut().zip(from) {
+                            *d = *v;
                         }
                     }
                 }
@@ -158,8 +160,14 @@ impl Phased {
                     }
                     let dst = &mut plane[iy * w..(iy + 1) * w];
                     let x0 = j0 * sw + rx - pl;
-                    for (k, v) in src[j0..j1].iter().enumerate() {
-                        dst[x0 + k * sw] = *v;
+                    if sw == 1 {
+                        super::copy_short(&mut dst[x0..x0 + (j1 - j0)], &src[j0..j1]);
+                    } else {
+                        // Iterators, not indices: no bounds check per element.
+                        let to = dst[x0..].iter_mut().step_by(sw);
+                        for (d, v) in to.zip(&src[j0..j1]) {
+                            *d = *v;
+                        }
                     }
                 }
             }
