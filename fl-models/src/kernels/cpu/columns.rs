@@ -163,10 +163,16 @@ pub(super) fn transpose([rows, cols]: [usize; 2], src: &[f32], dst: &mut [f32]) 
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::isa::uses(crate::kernels::isa::Isa::Avx512) {
-        // SAFETY: the CPU supports AVX-512F; the lengths are checked above.
-        unsafe { avx512::transpose([rows, cols], src, dst) };
-        return;
+    {
+        use crate::kernels::isa::{Isa, uses};
+        // SAFETY (both): the CPU supports the tier; the lengths are checked above.
+        if uses(Isa::Avx512) {
+            return unsafe { blocks::transpose_avx512([rows, cols], src, dst) };
+        }
+        if uses(Isa::Avx2) {
+            // On AVX2 the element-by-element loop below took 4.5% of MobileNetV2's training.
+            return unsafe { blocks::transpose_avx2([rows, cols], src, dst) };
+        }
     }
     for (r, row) in src.chunks_exact(cols).take(rows).enumerate() {
         for (c, &v) in row.iter().enumerate() {
@@ -176,40 +182,41 @@ pub(super) fn transpose([rows, cols]: [usize; 2], src: &[f32], dst: &mut [f32]) 
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+mod blocks {
     use super::super::first_lanes;
     use crate::kernels::lanes16::Lanes16;
-    use std::arch::x86_64::*;
 
     /// [`super::transpose`] by 16 × 16 blocks in registers, masked at the edges.
     ///
     /// # Safety
-    /// AVX-512F; `src` and `dst` hold `rows · cols` floats.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn transpose([rows, cols]: [usize; 2], src: &[f32], dst: &mut [f32]) {
+    /// The CPU supports `V`'s tier; `src` and `dst` hold `rows · cols` floats.
+    #[inline(always)]
+    unsafe fn transpose<V: Lanes16>([rows, cols]: [usize; 2], src: &[f32], dst: &mut [f32]) {
         assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
         for r0 in (0..rows).step_by(16) {
             let height = (rows - r0).min(16);
             for c0 in (0..cols).step_by(16) {
                 let width = (cols - c0).min(16);
-                let mut block = [_mm512_setzero_ps(); 16];
+                // SAFETY: register operations of the caller's tier.
+                let mut block = [unsafe { V::zero() }; 16];
                 for (i, v) in block.iter_mut().enumerate().take(height) {
+                    let from = src[(r0 + i) * cols + c0..].as_ptr();
                     // SAFETY: the masked floats `(r0 + i)·cols + c0 .. + width` lie in `src`.
-                    *v = unsafe {
-                        _mm512_maskz_loadu_ps(
-                            first_lanes(width),
-                            src[(r0 + i) * cols + c0..].as_ptr(),
-                        )
-                    };
+                    *v = unsafe { V::load_masked(from, first_lanes(width)) };
                 }
-                // SAFETY: register shuffles, with AVX-512F.
-                unsafe { __m512::transpose(&mut block) };
+                // SAFETY: register shuffles of the caller's tier.
+                unsafe { V::transpose(&mut block) };
                 for (j, v) in block.iter().enumerate().take(width) {
                     let to = &mut dst[(c0 + j) * rows + r0..][..height];
                     // SAFETY: the masked floats are `to`'s `height`.
-                    unsafe { _mm512_mask_storeu_ps(to.as_mut_ptr(), first_lanes(height), *v) };
+                    unsafe { v.store_masked(to.as_mut_ptr(), first_lanes(height)) };
                 }
             }
         }
+    }
+
+    crate::kernels::lanes16::tier_entries! {
+        transpose_avx512, transpose_avx2 =>
+            transpose<>(shape: [usize; 2], src: &[f32], dst: &mut [f32])
     }
 }
