@@ -2,6 +2,7 @@
 //! inference pass (given statistics) with its input gradient.
 
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Shapes of one batch normalisation over `[batch, channels, plane]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,13 +137,18 @@ pub fn batch_norm_train_forward(
             (a, beta[c] - mean[c] * a)
         })
         .collect();
-    let mut y = super::par_zeroed(x.len());
+    // Written once, not zeroed first (the zeroing pass was 2% of MobileNetV2's step).
+    let mut y: Vec<f32> = Vec::with_capacity(x.len());
     if g.plane > 0 {
         let sample = g.channels * g.plane;
-        y.par_chunks_mut(sample)
+        y.spare_capacity_mut()[..x.len()]
+            .par_chunks_mut(sample)
             .zip(x.par_chunks(sample))
             .for_each(|(y_s, x_s)| affine_sample(g.plane, &affine, x_s, y_s));
     }
+    // SAFETY: `x` is whole samples of `channels · plane` floats (empty if `plane` is 0), and
+    // `affine_sample` writes every float of each sample's chunk (it asserts the lengths).
+    unsafe { y.set_len(x.len()) };
     (y, mean, var)
 }
 
@@ -230,14 +236,21 @@ fn sample_grad_sums_generic(
 
 /// `y = a·x + b` over one sample's `[channels, plane]`, `(a, b)` per channel.
 #[inline(always)]
-fn affine_sample_generic(plane: usize, affine: &[(f32, f32)], x: &[f32], y: &mut [f32]) {
+fn affine_sample_generic(
+    plane: usize,
+    affine: &[(f32, f32)],
+    x: &[f32],
+    y: &mut [MaybeUninit<f32>],
+) {
+    // Every float of `y` is written (the caller's buffer is not initialised otherwise).
+    assert!(y.len() == x.len() && x.len() == affine.len() * plane);
     for ((y_p, x_p), &(a, b)) in y
         .chunks_exact_mut(plane)
         .zip(x.chunks_exact(plane))
         .zip(affine)
     {
         for (o, v) in y_p.iter_mut().zip(x_p) {
-            *o = a * v + b;
+            o.write(a * v + b);
         }
     }
 }
@@ -274,7 +287,7 @@ best_isa! {
 }
 
 best_isa! {
-    fn affine_sample => affine_sample_generic(plane: usize, affine: &[(f32, f32)], x: &[f32], y: &mut [f32])
+    fn affine_sample => affine_sample_generic(plane: usize, affine: &[(f32, f32)], x: &[f32], y: &mut [MaybeUninit<f32>])
 }
 
 best_isa! {
