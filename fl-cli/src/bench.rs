@@ -435,19 +435,33 @@ const KERNEL_SHAPES: [(&str, [usize; 5]); 25] = [
     ("cnn3 conv5 (1×28×28)", [128, 256, 3, 5, 2]),
 ];
 
+/// The models' large fully connected layers (`d_in → d_out`), one row per distinct shape:
+/// CNN1's, CNN2's, CNN4's and the FedAvg CNN's first FC layer at 3×32×32 (and CNN2's at
+/// 1×28×28), VGG-16's 4096 → 4096 and CNN3's second.
+#[cfg(feature = "flex")]
+const LINEAR_SHAPES: [(&str, [usize; 2]); 6] = [
+    ("cnn1/cnn3/cnn-fedavg fc1", [4096, 512]),
+    ("cnn2 fc1", [8192, 512]),
+    ("cnn2 fc1 (1×28×28)", [6272, 512]),
+    ("cnn4 fc1", [2048, 512]),
+    ("cnn3/cnn4 fc2", [512, 256]),
+    ("vgg16 fc2", [4096, 4096]),
+];
+
 /// `fl bench --kernels`: the thread pool's multiply-add peak, then each convolution shape's
 /// forward pass and gradients in GFLOP/s and as a share of that peak (batch 50, as training).
 /// With `layers`, only the shapes whose name contains one of them.
 pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Result<()> {
     #[cfg(feature = "flex")]
     {
-        use fl_models::kernels::roofline::{ConvShape, conv_rates, fma_peak_gflops};
+        use fl_models::kernels::roofline::{ConvShape, conv_rates, fma_peak_gflops, linear_rates};
         let threads = threads.unwrap_or_else(crate::config::default_threads);
         anyhow::ensure!(threads > 0, "--threads must be at least 1");
         let chosen =
             |name: &str| layers.is_empty() || layers.iter().any(|l| name.contains(l.as_str()));
         anyhow::ensure!(
-            KERNEL_SHAPES.iter().any(|(name, _)| chosen(name)),
+            KERNEL_SHAPES.iter().any(|(name, _)| chosen(name))
+                || LINEAR_SHAPES.iter().any(|(name, _)| chosen(name)),
             "--layers {}: no layer of `fl bench --kernels` matches",
             layers.join(",")
         );
@@ -496,6 +510,25 @@ pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Resul
             };
             println!(
                 "| {name} | {c_in}→{c_out} @ {size}×{size}, {kernel}×{kernel} | {path} | {} | {} | {} |",
+                share(r.forward),
+                share(r.input_grad),
+                share(r.weight_grad)
+            );
+        }
+        let linear: Vec<_> = LINEAR_SHAPES
+            .iter()
+            .filter(|(name, _)| chosen(name))
+            .collect();
+        if !linear.is_empty() {
+            println!(
+                "\n| fully connected layer | d_in→d_out | forward GFLOP/s (% of peak) | input gradient | weight gradient |"
+            );
+            println!("|---|---|---|---|---|");
+        }
+        for (name, [d_in, d_out]) in linear {
+            let r = pool.install(|| linear_rates(*d_in, *d_out, 50, 0.5));
+            println!(
+                "| {name} | {d_in}→{d_out} | {} | {} | {} |",
                 share(r.forward),
                 share(r.input_grad),
                 share(r.weight_grad)

@@ -159,6 +159,23 @@ pub struct ConvRate {
 /// Timing windows per pass of [`conv_rates`].
 const WINDOWS: u32 = 5;
 
+/// GFLOP/s of `pass` (doing `flops` each run), the best of [`WINDOWS`] windows of about
+/// `seconds` in all: on a shared machine a neighbour's burst slows whole windows, and the best
+/// one is the kernel's own speed.
+fn best_rate(flops: f64, seconds: f64, pass: &dyn Fn()) -> f64 {
+    pass();
+    (0..WINDOWS)
+        .map(|_| {
+            let (mut runs, begin) = (0u32, Instant::now());
+            while runs == 0 || begin.elapsed().as_secs_f64() < seconds / WINDOWS as f64 {
+                pass();
+                runs += 1;
+            }
+            flops * runs as f64 / begin.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
 /// Times the forward pass and both gradients of `shape` on a batch of `batch` samples, each
 /// repeated for about `seconds` (the best of five windows), on the current rayon pool (the
 /// same entry points the models call, so buffer copies and zeroing count).
@@ -174,21 +191,7 @@ pub fn conv_rates(shape: ConvShape, batch: usize, seconds: f64) -> ConvRate {
     let w = fill(g.weight_len(), 2);
     let dy = fill(g.output_len() * batch, 3);
     let flops = 2.0 * (shape.macs() * batch) as f64;
-    // The best of five windows: on a shared machine a neighbour's burst slows whole windows,
-    // and the best one is the kernel's own speed.
-    let rate = |pass: &dyn Fn()| {
-        pass();
-        (0..WINDOWS)
-            .map(|_| {
-                let (mut runs, begin) = (0u32, Instant::now());
-                while runs == 0 || begin.elapsed().as_secs_f64() < seconds / WINDOWS as f64 {
-                    pass();
-                    runs += 1;
-                }
-                flops * runs as f64 / begin.elapsed().as_secs_f64() / 1e9
-            })
-            .fold(0.0, f64::max)
-    };
+    let rate = |pass: &dyn Fn()| best_rate(flops, seconds, pass);
     let paths = cpu::kernel_paths(&g);
     ConvRate {
         shape,
@@ -197,6 +200,66 @@ pub fn conv_rates(shape: ConvShape, batch: usize, seconds: f64) -> ConvRate {
         forward: rate(&|| drop(std::hint::black_box(cpu::conv2d_forward(&g, &x, &w, None)))),
         input_grad: rate(&|| drop(std::hint::black_box(cpu::conv2d_input_grad(&g, &w, &dy)))),
         weight_grad: rate(&|| drop(std::hint::black_box(cpu::conv2d_weight_grad(&g, &x, &dy)))),
+    }
+}
+
+/// Throughput of a fully connected layer's three products (GFLOP/s of `batch · d_in · d_out`
+/// multiply-adds each), through the same entry points as training: the forward pass
+/// `x · W + b`, the input gradient `dy · Wᵀ` and the weight gradient `xᵀ · dy`.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearRate {
+    /// Forward pass.
+    pub forward: f64,
+    /// Input gradient.
+    pub input_grad: f64,
+    /// Weight gradient.
+    pub weight_grad: f64,
+}
+
+/// Times a `d_in → d_out` fully connected layer on a batch of `batch` samples, each product
+/// repeated for about `seconds` (the best of five windows), on the current rayon pool.
+pub fn linear_rates(d_in: usize, d_out: usize, batch: usize, seconds: f64) -> LinearRate {
+    use super::flex_linear::LinearKernelOps;
+    use burn::backend::{Backend, Flex};
+    use burn::tensor::TensorData;
+    use burn_flex::FlexTensor;
+    let tensor = |shape: [usize; 2], salt: usize| {
+        let n = shape[0] * shape[1];
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 + salt) % 1009) as f32 / 1009.0 - 0.5)
+            .collect();
+        FlexTensor::from_data(TensorData::new(v, shape))
+    };
+    let (x, w, dy) = (
+        tensor([batch, d_in], 1),
+        tensor([d_in, d_out], 2),
+        tensor([batch, d_out], 3),
+    );
+    let b = FlexTensor::from_data(TensorData::new(vec![0.0f32; d_out], [d_out]));
+    // The view Burn's backward pass hands the product (no copy).
+    fn transpose<B: Backend>(
+        t: burn::backend::tensor::FloatTensor<B>,
+    ) -> burn::backend::tensor::FloatTensor<B> {
+        B::float_swap_dims(t, 0, 1)
+    }
+    let flops = 2.0 * (batch * d_in * d_out) as f64;
+    let rate = |pass: &dyn Fn()| best_rate(flops, seconds, pass);
+    LinearRate {
+        forward: rate(&|| {
+            drop(std::hint::black_box(Flex::fl_linear(
+                x.clone(),
+                w.clone(),
+                b.clone(),
+            )))
+        }),
+        input_grad: rate(&|| {
+            let wt = transpose::<Flex>(w.clone());
+            drop(std::hint::black_box(Flex::fl_matmul(dy.clone(), wt)))
+        }),
+        weight_grad: rate(&|| {
+            let xt = transpose::<Flex>(x.clone());
+            drop(std::hint::black_box(Flex::fl_matmul(xt, dy.clone())))
+        }),
     }
 }
 
@@ -217,6 +280,8 @@ mod tests {
         assert_eq!(s.geometry(2).output, [8, 8]);
         let rate = conv_rates(s, 2, 0.0);
         assert!(rate.forward > 0.0 && rate.input_grad > 0.0 && rate.weight_grad > 0.0);
+        let fc = linear_rates(300, 40, 3, 0.0);
+        assert!(fc.forward > 0.0 && fc.input_grad > 0.0 && fc.weight_grad > 0.0);
         if let Some(peak) = fma_peak_gflops(0.001) {
             assert!(peak > 0.0);
         }

@@ -50,11 +50,13 @@ pub(crate) fn input_grad(
     assert!(dy.len() >= (m - 1) * dy_rs + k && w.len() >= (n - 1) * w_rs + k);
     let vectors = m.div_ceil(16);
     let lanes = vectors * 16;
-    // `[k][lanes]`, the samples past `m` zero.
+    // `[vectors][k][16]`, the samples past `m` zero: a tile reads each vector's depths as one
+    // sequential stream (a stride of `lanes` floats reused a quarter of the L1 cache's sets).
     let mut dy_t = vec![0.0f32; k * lanes];
     for (b, row) in dy.chunks(dy_rs).take(m).enumerate() {
-        for (o, &v) in row[..k].iter().enumerate() {
-            dy_t[o * lanes + b] = v;
+        let (v, l) = (b / 16, b % 16);
+        for (o, &x) in row[..k].iter().enumerate() {
+            dy_t[(v * k + o) * 16 + l] = x;
         }
     }
     // gemm sees this product swapped (its output is written column-major): n × m over k.
@@ -83,10 +85,10 @@ pub(crate) fn input_grad(
     dx
 }
 
-/// `out[r][lanes] = Σ_o w[r, o] · dy_t[o][lanes]` for one tile of `rows ≤ ROWS` weight rows
+/// `out[r][lanes] = Σ_o w[r, o] · dy_t[v][o][16]` for one tile of `rows ≤ ROWS` weight rows
 /// and all `vectors` vectors of samples, on the active tier: AVX-512 in one register tile of
-/// `rows` × `vectors` (at most 24 of its 32 registers), AVX2 (16 registers of 8 lanes) in tiles
-/// of 3 rows × 2 vectors, or 6 × 1 where the samples fill one vector.
+/// `rows` × `vectors` (at most 24 of its 32 registers), AVX2 (16 registers of 8 lanes) one
+/// vector at a time in tiles of `ROWS` rows.
 ///
 /// `w` holds `rows` rows of `k` at stride `w_rs`, `dy_t` `k · lanes` floats and `out`
 /// `rows · lanes`, `lanes = 16 · vectors` (the tile checks them).
@@ -97,7 +99,7 @@ fn tile_rows(
     out: &mut [f32],
 ) {
     let lanes = 16 * vectors;
-    let args = |r: usize, v: usize| (&w[r * w_rs..], w_rs, &dy_t[16 * v..], kc, k, lanes);
+    let args = |r: usize, v: usize| (&w[r * w_rs..], w_rs, &dy_t[16 * k * v..], kc, k, lanes);
     // SAFETY: `applies` checked the tier; `tiles::tile` asserts its slices' lengths.
     unsafe {
         if uses(Isa::Avx512) {
@@ -119,23 +121,20 @@ fn tile_rows(
             }
             return;
         }
-        if vectors == 1 && rows == ROWS {
-            tiles::tile_avx2::<1, ROWS>(args(0, 0), out);
-            return;
-        }
-        for v in (0..vectors).step_by(2) {
-            let pair = vectors - v >= 2;
+        // One vector of samples at a time, `ROWS` rows: 12 accumulators, the vector's two
+        // halves and a broadcast fit AVX2's sixteen registers (a tile of two vectors by three
+        // rows needs seventeen, and LLVM kept two of its totals on the stack: 27% of the peak).
+        for v in 0..vectors {
             let mut r = 0;
             while r < rows {
-                let step = if rows - r >= 3 { 3 } else { 1 };
                 let out = &mut out[r * lanes + 16 * v..];
-                match (pair, step) {
-                    (true, 3) => tiles::tile_avx2::<2, 3>(args(r, v), out),
-                    (true, _) => tiles::tile_avx2::<2, 1>(args(r, v), out),
-                    (false, 3) => tiles::tile_avx2::<1, 3>(args(r, v), out),
-                    (false, _) => tiles::tile_avx2::<1, 1>(args(r, v), out),
+                if rows - r >= ROWS {
+                    tiles::tile_avx2::<1, ROWS>(args(r, v), out);
+                    r += ROWS;
+                } else {
+                    tiles::tile_avx2::<1, 1>(args(r, v), out);
+                    r += 1;
                 }
-                r += step;
             }
         }
     }
@@ -151,7 +150,7 @@ mod tiles {
         tile<const V, const R>(args: (&[f32], usize, &[f32], usize, usize, usize),
             out: &mut [f32]));
 
-    /// `out[r·lanes + 16v + l] = Σ_o w[r, o] · dy_t[o·lanes + 16v + l]` for `R` weight rows and
+    /// `out[r·lanes + 16v + l] = Σ_o w[r, o] · dy_t[(v·k + o)·16 + l]` for `R` weight rows and
     /// `V` vectors of samples (of `lanes` per depth): per depth block of `kc` a chain of
     /// multiply-adds from +0, added onto the output block by block (the first block stored).
     ///
@@ -162,7 +161,7 @@ mod tiles {
         (w, w_rs, dy_t, kc, k, lanes): (&[f32], usize, &[f32], usize, usize, usize),
         out: &mut [f32],
     ) {
-        assert!(w.len() >= (R - 1) * w_rs + k && dy_t.len() >= (k - 1) * lanes + 16 * V);
+        assert!(w.len() >= (R - 1) * w_rs + k && dy_t.len() >= 16 * k * V);
         assert!(out.len() >= (R - 1) * lanes + 16 * V && kc > 0 && 16 * V <= lanes);
         // SAFETY: the asserts bound every access.
         unsafe {
@@ -170,8 +169,7 @@ mod tiles {
             for k0 in (0..k).step_by(kc) {
                 let mut acc = [[L::zero(); V]; R];
                 for depth in k0..(k0 + kc).min(k) {
-                    let dv: [L; V] =
-                        std::array::from_fn(|v| L::load(d.add(depth * lanes + 16 * v)));
+                    let dv: [L; V] = std::array::from_fn(|v| L::load(d.add((v * k + depth) * 16)));
                     for (r, a) in acc.iter_mut().enumerate() {
                         let wb = L::splat(*w.add(r * w_rs + depth));
                         for (v, a) in a.iter_mut().enumerate() {
