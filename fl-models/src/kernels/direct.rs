@@ -250,8 +250,12 @@ fn forward_in(
     }
     let [oh, ow] = g.output;
     let rows = wide.by_rows.then(|| wide.row_vectors());
-    let mut y = super::cpu::par_zeroed(g.batch * g.output_len());
-    y.par_chunks_mut(g.output_len())
+    // Every element is written below (the row vectors cover each row, the wide path copies
+    // each row out), so the output is not zeroed first.
+    let len = g.batch * g.output_len();
+    let mut y = Vec::<f32>::with_capacity(len);
+    y.spare_capacity_mut()[..len]
+        .par_chunks_mut(g.output_len())
         .zip(x.par_chunks(g.input_len()))
         .for_each_init(
             || Scratch::new(wide),
@@ -268,11 +272,13 @@ fn forward_in(
                 for co in 0..g.c_out {
                     for oy in 0..oh {
                         y_n[(co * oh + oy) * ow..][..ow]
-                            .copy_from_slice(&scratch.output[co * wide.len + oy * wp..][..ow]);
+                            .write_copy_of_slice(&scratch.output[co * wide.len + oy * wp..][..ow]);
                     }
                 }
             },
         );
+    // SAFETY: each sample's chunk of `len` was written whole above.
+    unsafe { y.set_len(len) };
     y
 }
 

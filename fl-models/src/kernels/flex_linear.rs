@@ -120,17 +120,21 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> Vec<f32> {
             [m, n, k],
         );
     }
-    let mut out = cpu::par_zeroed(m * n);
     if m == 0 || n == 0 || k == 0 {
-        return out;
+        return cpu::par_zeroed(m * n);
     }
+    // gemm writes every element of its output (`read_dst` false: the first depth block stores,
+    // the later ones add onto it), so the buffer is not zeroed first: a pass over the whole
+    // product's memory, 64 MiB for VGG-16's 4096 × 4096 weight gradient.
+    let mut out = Vec::<f32>::with_capacity(m * n);
     let parallelism = if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_THRESHOLD {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
     };
     // SAFETY: `Operand::of` checked that every element the strides reach lies in its storage;
-    // `out` holds m·n elements written with row stride n; the operands do not alias it.
+    // `out` has capacity for m·n elements written with row stride n, the operands do not alias
+    // it, and with `read_dst` false gemm writes each of them before any read.
     unsafe {
         gemm::gemm(
             m,
@@ -153,6 +157,7 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> Vec<f32> {
             false,
             parallelism,
         );
+        out.set_len(m * n);
     }
     out
 }

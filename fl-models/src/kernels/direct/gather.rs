@@ -38,8 +38,12 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<
     let packed = pack_input_tiles(g, weight, INPUT_TILE);
     let border = Border::new(g);
     let vectors = border.input_vectors(g);
-    let mut dx = crate::kernels::cpu::par_zeroed(g.batch * g.input_len());
-    dx.par_chunks_mut(g.input_len())
+    // Every element is stored below (the input vectors cover each row of every channel), so
+    // the gradient is not zeroed first.
+    let len = g.batch * g.input_len();
+    let mut dx = Vec::<f32>::with_capacity(len);
+    dx.spare_capacity_mut()[..len]
+        .par_chunks_mut(g.input_len())
         .zip(dy.par_chunks(g.output_len()))
         .for_each_init(
             || Aligned::zeroed(border.len(g.c_out)),
@@ -62,6 +66,8 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<
                 unreachable!("direct convolution is only used on x86-64");
             },
         );
+    // SAFETY: each sample's chunk of `len` was stored whole above.
+    unsafe { dx.set_len(len) };
     dx
 }
 
@@ -127,7 +133,8 @@ mod tiles {
     /// [`input_grad`](super::input_grad) for one sample, every input-channel tile of `C`
     /// (`R` channels at a time) and pixel vector: per tap a chain over the output channels
     /// from +0, added onto a running total from +0, then stored masked to the vector's pixels
-    /// into `dx` `[c_in, h, w]`.
+    /// into `dx` `[c_in, h, w]`, every element of which it writes (prefix masks: plain stores
+    /// on AVX2, so nothing uninitialised is read).
     ///
     /// # Safety
     /// The CPU supports `V`'s tier; `R` divides `C`; `packed` is the weights as `input_grad`
@@ -137,7 +144,7 @@ mod tiles {
     unsafe fn gather<V: Lanes16, const C: usize, const R: usize>(
         (g, border, bordered, packed): (&Conv2dGeometry, &Border, &[f32], &[f32]),
         vectors: &RowVectors,
-        dx: &mut [f32],
+        dx: &mut [std::mem::MaybeUninit<f32>],
     ) {
         let ([h, w], [kh, kw], c_out) = (g.input, g.kernel, g.c_out);
         let taps = kh * kw;
@@ -156,7 +163,7 @@ mod tiles {
         // vector, within `bordered`; the stores are masked to the vector's pixels, within
         // `h·w`, in channels `< c_in`.
         unsafe {
-            let (d, out) = (bordered.as_ptr(), dx.as_mut_ptr());
+            let (d, out) = (bordered.as_ptr(), dx.as_mut_ptr().cast::<f32>());
             for block in 0..c_in_padded / C {
                 for first in (0..C).step_by(R) {
                     let channel = block * C + first;
@@ -196,7 +203,7 @@ mod tiles {
             gather<const C, const R>(
                 args: (&Conv2dGeometry, &Border, &[f32], &[f32]),
                 vectors: &RowVectors,
-                dx: &mut [f32],
+                dx: &mut [std::mem::MaybeUninit<f32>],
             )
     }
 }

@@ -1,6 +1,8 @@
 //! The direct kernels' forward pass by output rows: each row's own pixel vectors instead of the
 //! wide length, for maps where that computes fewer (see [`RowVectors`]).
 
+use std::mem::MaybeUninit;
+
 use super::{ForwardArgs, LANES, Wide};
 use crate::kernels::cpu::first_lanes;
 
@@ -48,8 +50,14 @@ impl Wide {
 }
 
 /// [`forward_wide`](super::forward_wide)'s sums for the outputs only, by [`RowVectors`], into one
-/// sample's output `[c_out, oh, ow]`.
-pub(super) fn forward_rows(args: ForwardArgs, rows: &RowVectors, c_out: usize, out: &mut [f32]) {
+/// sample's output `[c_out, oh, ow]`, every element of which it writes (so `out` may start
+/// uninitialised).
+pub(super) fn forward_rows(
+    args: ForwardArgs,
+    rows: &RowVectors,
+    c_out: usize,
+    out: &mut [MaybeUninit<f32>],
+) {
     let (wide, input, packed, bias) = args;
     let taps = wide.offsets.len();
     assert!(input.len() >= wide.input_len, "direct conv: input buffer");
@@ -76,10 +84,12 @@ pub(super) fn forward_rows(args: ForwardArgs, rows: &RowVectors, c_out: usize, o
 mod tiles {
     use super::{RowVectors, Wide};
     use crate::kernels::lanes16::Lanes16;
+    use std::mem::MaybeUninit;
 
     /// The wide kernels' sums (`direct.rs`' `tiles::forward`) by [`RowVectors`]: tiles of `R`
     /// of a packed block's `C` channels × `P` row vectors (then single vectors), stored masked
-    /// to each row into `out` `[c_out, oh, ow]`.
+    /// to each row into `out` `[c_out, oh, ow]` (whose every element the row vectors' masks
+    /// cover: prefix masks, plain stores on AVX2, so nothing uninitialised is read).
     ///
     /// # Safety
     /// The CPU supports `V`'s tier; `C` is `wide.channel_tile`, `R` divides it, and `c_out`
@@ -91,7 +101,7 @@ mod tiles {
         args: (&Wide, &[f32], &[f32], &[f32]),
         rows: &RowVectors,
         c_out: usize,
-        out: &mut [f32],
+        out: &mut [MaybeUninit<f32>],
     ) {
         let count = rows.starts.len();
         let main = count - count % P;
@@ -112,13 +122,13 @@ mod tiles {
         rows: &RowVectors,
         vectors: std::ops::Range<usize>,
         c_out: usize,
-        out: &mut [f32],
+        out: &mut [MaybeUninit<f32>],
     ) {
         // SAFETY: the caller upholds this function's contract.
         unsafe {
             let taps = wide.offsets.len();
             let plane = wide.output[0] * wide.output[1];
-            let (x, o) = (input.as_ptr(), out.as_mut_ptr());
+            let (x, o) = (input.as_ptr(), out.as_mut_ptr().cast::<f32>());
             for block in 0..wide.c_out_padded / C {
                 for first in (0..C).step_by(R) {
                     let channel = block * C + first;
@@ -163,7 +173,7 @@ mod tiles {
                 args: (&Wide, &[f32], &[f32], &[f32]),
                 rows: &RowVectors,
                 c_out: usize,
-                out: &mut [f32],
+                out: &mut [std::mem::MaybeUninit<f32>],
             )
     }
 }
