@@ -136,14 +136,13 @@ fn chunk(
                 }
             }
         } else {
-            let rows = kernel_rows(g, wide, classes);
+            let rows = KernelRows::new(g, wide, classes, count, tile);
             let args = tiles::Chunk {
                 g,
                 wide,
                 count,
                 padded: &padded,
                 dy_t: &dy_t,
-                classes,
                 rows: &rows,
             };
             for co0 in (0..g.c_out).step_by(tile) {
@@ -163,30 +162,62 @@ fn chunk(
     (dw, db)
 }
 
-/// Per kernel row `ky` and lane class, the pixels whose kernel row reads the image (the others
-/// read only the padding: their products are zeros, skipped) as (index in the class, offset of
-/// the row's first tap in a padded plane), in the class's order.
-fn kernel_rows(
-    g: &Conv2dGeometry,
-    wide: &Wide,
-    classes: &[Vec<[usize; 2]>],
-) -> Vec<Vec<Vec<[usize; 2]>>> {
-    let ([h, ph], wp) = ([g.input[0], g.pad_begin[0]], wide.padded[1]);
-    (0..g.kernel[0])
-        .map(|ky| {
-            classes
-                .iter()
-                .map(|class| {
-                    class
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, [oy, _])| (ph..h + ph).contains(&(oy + ky)))
-                        .map(|(j, [oy, ox])| [j, (oy + ky) * wp + ox])
-                        .collect()
-                })
-                .collect()
-        })
-        .collect()
+/// Per kernel row `ky` and lane class, the reads of the pixels whose kernel row reads the image
+/// (the others read only the padding: their products are zeros, skipped), sample after sample
+/// of a chunk of `count`, in the class's order: (offset of the pixel in a channel tile's class
+/// stream, offset of the row's first tap in the chunk's padded inputs, from channel 0's plane).
+/// One list per class, not one per sample: the kernel's loop then runs the class's whole chain
+/// (CNN2's 8×8 layer: about 24 pixels, against 3 per sample, whose loop exits the branch
+/// predictor missed).
+pub(super) struct KernelRows {
+    /// `reads[ky][class]`.
+    reads: Vec<Vec<Vec<[usize; 2]>>>,
+    /// The largest stream offset, plus one.
+    stream_end: usize,
+    /// The largest padded-input offset, plus one.
+    input_end: usize,
+}
+
+impl KernelRows {
+    fn new(
+        g: &Conv2dGeometry,
+        wide: &Wide,
+        classes: &[Vec<[usize; 2]>],
+        count: usize,
+        tile: usize,
+    ) -> Self {
+        let ([h, ph], wp) = ([g.input[0], g.pad_begin[0]], wide.padded[1]);
+        let (mut stream_end, mut input_end) = (0, 0);
+        let reads = (0..g.kernel[0])
+            .map(|ky| {
+                let mut start = 0;
+                classes
+                    .iter()
+                    .map(|class| {
+                        let mut list = Vec::new();
+                        for n in 0..count {
+                            for (j, [oy, ox]) in class.iter().enumerate() {
+                                if (ph..h + ph).contains(&(oy + ky)) {
+                                    let d = (count * start + n * class.len() + j) * tile;
+                                    let at = n * wide.input_len + (oy + ky) * wp + ox;
+                                    stream_end = stream_end.max(d + 1);
+                                    input_end = input_end.max(at + 1);
+                                    list.push([d, at]);
+                                }
+                            }
+                        }
+                        start += class.len();
+                        list
+                    })
+                    .collect()
+            })
+            .collect();
+        KernelRows {
+            reads,
+            stream_end,
+            input_end,
+        }
+    }
 }
 
 /// Output gradients channel-minor, `[sample][pixel][c_out]`: a pixel's channels are vectors.
@@ -243,7 +274,7 @@ fn class_streams(
 /// lanes); each element's chains are the same either way.
 #[cfg(target_arch = "x86_64")]
 pub(super) mod tiles {
-    use super::{CHANNEL_TILE_3X3, Conv2dGeometry, LANES, Wide};
+    use super::{CHANNEL_TILE_3X3, Conv2dGeometry, KernelRows, LANES, Wide};
     use crate::kernels::lanes16::{Lanes16, tier_entries};
     use std::mem::MaybeUninit;
 
@@ -424,17 +455,16 @@ pub(super) mod tiles {
     }
 
     /// One chunk of samples: `count` zero-padded inputs (`wide`'s layout), their output
-    /// gradients as `class_streams` lays them out for tiles of `16·V` channels, the output
-    /// pixels of each lane class in tree order, and per kernel row and class the pixels whose
-    /// kernel row reads the image with their row's offset in a padded plane (`kernel_rows`).
+    /// gradients as `class_streams` lays them out for tiles of `16·V` channels, and per kernel
+    /// row and lane class (in tree order) the reads of the pixels whose kernel row reads the
+    /// image ([`KernelRows`]).
     pub(super) struct Chunk<'a> {
         pub(super) g: &'a Conv2dGeometry,
         pub(super) wide: &'a Wide,
         pub(super) count: usize,
         pub(super) padded: &'a [f32],
         pub(super) dy_t: &'a [f32],
-        pub(super) classes: &'a [Vec<[usize; 2]>],
-        pub(super) rows: &'a [Vec<Vec<[usize; 2]>>],
+        pub(super) rows: &'a KernelRows,
     }
 
     /// `dw[co0 .. co0 + 16·V, (ci, ky, kx)]` for every `kx`: per lane class, a chain over the
@@ -446,8 +476,8 @@ pub(super) mod tiles {
     /// `L`'s tier; `KW == g.kernel[1]`; `wide` is `g`'s layout, `padded` holds `count` padded
     /// inputs of `wide.input_len` floats, `dy_t` their output gradients in class streams of
     /// `16·V` channels, `dw` `c_out · c_in·kh·kw` floats, `co0` a multiple of `16·V` with
-    /// `co0 + 16·V <= c_out`, `ci < c_in`, `ky < kh`, `classes` lists each output pixel once
-    /// and `rows` is `kernel_rows`' result.
+    /// `co0 + 16·V <= c_out`, `ci < c_in`, `ky < kh`, and `rows` is [`KernelRows::new`]'s for
+    /// `g`, `wide`, `count` and tiles of `16·V`.
     #[inline(always)]
     unsafe fn kernel_row<L: Lanes16, const KW: usize, const V: usize>(
         chunk: &Chunk,
@@ -460,57 +490,45 @@ pub(super) mod tiles {
             count,
             padded,
             dy_t,
-            classes,
             rows,
         } = *chunk;
         let tile = 16 * V;
         let (pixels, [hp, wp]) = (g.out_plane(), wide.padded);
         assert!(KW == g.kernel[1] && co0 + tile <= g.c_out && ci < g.c_in);
-        assert!(co0.is_multiple_of(tile) && ky < g.kernel[0] && rows.len() == g.kernel[0]);
-        let rows = &rows[ky];
+        assert!(co0.is_multiple_of(tile) && ky < g.kernel[0] && rows.reads.len() == g.kernel[0]);
+        let reads = &rows.reads[ky];
         assert!(padded.len() >= count * wide.input_len && dy_t.len() >= count * g.output_len());
         assert!(
             (ci + 1) * hp * wp <= wide.input_len
                 && [hp, wp] == [g.output[0] + g.kernel[0] - 1, g.output[1] + KW - 1]
         );
+        assert!(reads.len() == LANES && dw.len() >= g.c_out * g.col_rows());
         assert!(
-            classes.len() == LANES
-                && rows.len() == LANES
-                && classes.iter().map(Vec::len).sum::<usize>() == pixels
+            rows.stream_end + tile <= count * pixels * tile + 1
+                && ci * hp * wp + rows.input_end + KW <= padded.len() + 1
         );
-        assert!(
-            rows.iter()
-                .zip(classes)
-                .all(|(r, c)| r.iter().all(|&[j, at]| j < c.len() && at + KW <= hp * wp))
-        );
-        assert!(dw.len() >= g.c_out * g.col_rows());
-        // SAFETY: the asserts bound every access: a row's taps `at .. at + KW` lie in channel
-        // `ci`'s padded plane of the sample's padded input; class `c`'s pixel `j` of sample `n`
-        // is at `(count·start + n·len + j)·tile` in the tile's stream of `count·pixels·tile`
-        // floats from `co0·count·pixels`, within `count·c_out·pixels`.
+        // SAFETY: the asserts bound every access: a read's taps `at .. at + KW` from channel
+        // `ci`'s plane lie in `padded`, and its pixel's `tile` floats at `d` in the tile's
+        // stream of `count·pixels·tile` floats from `co0·count·pixels`, within
+        // `count·c_out·pixels`.
         unsafe {
             let stream = dy_t.as_ptr().add(co0 * count * pixels);
+            let plane = padded.as_ptr().add(ci * hp * wp);
             let zero: Tile<L, V, KW> = [[L::zero(); KW]; V];
             let mut tree = LaneTree::<L, V, KW>::new();
-            let mut start = 0;
-            for (class, rows) in classes.iter().zip(rows) {
+            for reads in reads {
                 let mut acc = zero;
-                for n in 0..count {
-                    let plane = padded.as_ptr().add(n * wide.input_len + ci * hp * wp);
-                    let d = stream.add((count * start + n * class.len()) * tile);
-                    for &[j, at] in rows {
-                        let pixel = d.add(j * tile);
-                        let dv: [L; V] = std::array::from_fn(|v| L::load(pixel.add(v * 16)));
-                        let xp = plane.add(at);
-                        for kx in 0..KW {
-                            let xb = L::splat(*xp.add(kx));
-                            for (v, a) in acc.iter_mut().enumerate() {
-                                a[kx] = dv[v].mul_add(xb, a[kx]);
-                            }
+                for &[d, at] in reads {
+                    let pixel = stream.add(d);
+                    let dv: [L; V] = std::array::from_fn(|v| L::load(pixel.add(v * 16)));
+                    let xp = plane.add(at);
+                    for kx in 0..KW {
+                        let xb = L::splat(*xp.add(kx));
+                        for (v, a) in acc.iter_mut().enumerate() {
+                            a[kx] = dv[v].mul_add(xb, a[kx]);
                         }
                     }
                 }
-                start += class.len();
                 tree.push(acc);
             }
             let row = (ci * g.kernel[0] + ky) * KW;
