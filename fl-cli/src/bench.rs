@@ -487,14 +487,17 @@ pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Resul
             Some(p) => format!("{rate:.0} ({:.0}%)", 100.0 * rate / p),
             None => format!("{rate:.0}"),
         };
-        println!(
-            "\n| layer | c_in→c_out @ size, kernel | kernel path | forward GFLOP/s (% of peak) | input gradient | weight gradient |"
-        );
-        println!("|---|---|---|---|---|---|");
-        for (name, [c_in, c_out, size, kernel, padding]) in KERNEL_SHAPES {
-            if !chosen(name) {
-                continue;
-            }
+        let convs: Vec<_> = KERNEL_SHAPES
+            .iter()
+            .filter(|(name, _)| chosen(name))
+            .collect();
+        if !convs.is_empty() {
+            println!(
+                "\n| layer | c_in→c_out @ size, kernel | kernel path | forward GFLOP/s (% of peak) | input gradient | weight gradient |"
+            );
+            println!("|---|---|---|---|---|---|");
+        }
+        for &&(name, [c_in, c_out, size, kernel, padding]) in &convs {
             let shape = ConvShape {
                 c_in,
                 c_out,

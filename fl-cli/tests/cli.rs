@@ -495,6 +495,38 @@ fn bench_quick_prints_a_row_per_model() {
     }
 }
 
+/// `fl bench --kernels --layers` measures only the layers named, fully connected ones too,
+/// and refuses names that match none.
+#[test]
+fn kernel_rates_of_the_layers_named() {
+    let o = fl(&[
+        "bench",
+        "--kernels",
+        "--threads",
+        "1",
+        "--layers",
+        "cnn4 fc1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("| cnn")).collect();
+    assert_eq!(rows.len(), 1, "{text}");
+    assert!(rows[0].starts_with("| cnn4 fc1 | 2048→512 |"), "{text}");
+    assert!(text.contains("| fully connected layer |"), "{text}");
+    assert!(
+        !text.contains("| layer |"),
+        "no convolution was named: {text}"
+    );
+    let o = fl(&["bench", "--kernels", "--layers", "transformer"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("no layer of `fl bench --kernels` matches"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
 /// `fl bench --round CONFIG` times one round of a config's run, pFedClub's server phases too,
 /// and refuses a config that is not one.
 #[test]
