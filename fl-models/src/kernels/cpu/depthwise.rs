@@ -17,6 +17,8 @@
 
 use rayon::prelude::*;
 
+use std::mem::MaybeUninit;
+
 use super::Conv2dGeometry;
 
 /// Partial sums per weight-gradient tap (a fixed count, so every tier adds in the same order).
@@ -176,7 +178,7 @@ impl Phased {
 }
 
 best_isa! {
-    fn forward_plane => forward_plane_generic(g: &Conv2dGeometry, w: &[f32], x: &[f32], buf: &mut Phased, y: &mut [f32])
+    fn forward_plane => forward_plane_generic(g: &Conv2dGeometry, w: &[f32], x: &[f32], buf: &mut Phased, y: &mut [MaybeUninit<f32>])
 }
 
 best_isa! {
@@ -195,8 +197,11 @@ fn planes(g: &Conv2dGeometry) -> (usize, usize) {
 pub fn depthwise_forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
     let (in_plane, out_plane) = planes(g);
     let taps = g.kernel[0] * g.kernel[1];
-    let mut y = super::par_zeroed(g.batch * g.c_in * out_plane);
-    y.par_chunks_mut(out_plane)
+    // Each plane is written whole below, so the output is not zeroed first.
+    let len = g.batch * g.c_in * out_plane;
+    let mut y = Vec::with_capacity(len);
+    y.spare_capacity_mut()[..len]
+        .par_chunks_mut(out_plane)
         .zip(x.par_chunks(in_plane))
         .enumerate()
         .for_each_init(
@@ -206,6 +211,8 @@ pub fn depthwise_forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f
                 forward_plane(g, &weight[c * taps..(c + 1) * taps], x, buf, y)
             },
         );
+    // SAFETY: `forward_plane` wrote every element of each plane.
+    unsafe { y.set_len(len) };
     y
 }
 
@@ -215,9 +222,11 @@ fn forward_plane_generic(
     w: &[f32],
     x: &[f32],
     buf: &mut Phased,
-    y: &mut [f32],
+    y: &mut [MaybeUninit<f32>],
 ) {
-    let ow = g.output[1];
+    let [oh, ow] = g.output;
+    // Every row of `y` is written: `wide` holds at least `oh` rows of `width`.
+    assert!(y.len() == oh * ow && buf.wide.len() >= oh * buf.width && buf.width >= ow);
     buf.load(g, x);
     let len = buf.wide.len();
     // Each block of outputs sums its taps in registers, in tap order from zero (the order the
@@ -236,7 +245,7 @@ fn forward_plane_generic(
         buf.wide[start..start + BLOCK].copy_from_slice(&acc);
     }
     for (dst, src) in y.chunks_exact_mut(ow).zip(buf.wide.chunks_exact(buf.width)) {
-        super::copy_short(dst, &src[..ow]);
+        super::copy_short_uninit(dst, &src[..ow]);
     }
 }
 

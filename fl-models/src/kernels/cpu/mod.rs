@@ -8,6 +8,7 @@
 //! samples and adds the chunk sums in order, so results do not depend on the thread count.
 
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// `fn $name(args) -> R` calling `$generic` compiled for the best tier the kernels may use (the
 /// loops are plain Rust; wider registers change no results, as every sum keeps its order).
@@ -154,14 +155,23 @@ impl Conv2dGeometry {
 /// compile to single vector moves instead of a `memcpy` call per row.
 #[inline(always)]
 fn copy_short(dst: &mut [f32], src: &[f32]) {
+    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and only initialised values are written
+    // through the view.
+    let dst = unsafe { &mut *(dst as *mut [f32] as *mut [MaybeUninit<f32>]) };
+    copy_short_uninit(dst, src);
+}
+
+/// [`copy_short`] into uninitialised memory (an output written whole, never zeroed first).
+#[inline(always)]
+fn copy_short_uninit(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
     let mut d = dst.chunks_exact_mut(8);
     let mut s = src.chunks_exact(8);
     for (d, s) in (&mut d).zip(&mut s) {
         let block: [f32; 8] = s.try_into().expect("8-float block");
-        d.copy_from_slice(&block);
+        d.write_copy_of_slice(&block);
     }
     for (d, s) in d.into_remainder().iter_mut().zip(s.remainder()) {
-        *d = *s;
+        d.write(*s);
     }
 }
 
