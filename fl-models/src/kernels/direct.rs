@@ -250,36 +250,35 @@ fn forward_in(
     }
     let [oh, ow] = g.output;
     let rows = wide.by_rows.then(|| wide.row_vectors());
-    // Every element is written below (the row vectors cover each row, the wide path copies
-    // each row out), so the output is not zeroed first.
-    let len = g.batch * g.output_len();
-    let mut y = Vec::<f32>::with_capacity(len);
-    y.spare_capacity_mut()[..len]
-        .par_chunks_mut(g.output_len())
-        .zip(x.par_chunks(g.input_len()))
-        .for_each_init(
-            || Scratch::new(wide),
-            |scratch, (y_n, x_n)| {
-                wide.pad_input(x_n, &mut scratch.input);
-                let args = (wide, &scratch.input[..], &packed[..], &bias_padded[..]);
-                if let Some(rows) = &rows {
-                    // Straight into the output: no thrown-away columns to drop.
-                    forward_rows(args, rows, g.c_out, y_n);
-                    return;
-                }
-                forward_wide(args, &mut scratch.output);
-                let wp = wide.padded[1];
-                for co in 0..g.c_out {
-                    for oy in 0..oh {
-                        y_n[(co * oh + oy) * ow..][..ow]
-                            .write_copy_of_slice(&scratch.output[co * wide.len + oy * wp..][..ow]);
-                    }
-                }
-            },
-        );
-    // SAFETY: each sample's chunk of `len` was written whole above.
-    unsafe { y.set_len(len) };
-    y
+    // SAFETY: each sample's chunk is written whole: the row vectors cover each row of every
+    // channel, and the wide path copies each row out.
+    unsafe {
+        super::cpu::written_whole(g.batch * g.output_len(), |y| {
+            y.par_chunks_mut(g.output_len())
+                .zip(x.par_chunks(g.input_len()))
+                .for_each_init(
+                    || Scratch::new(wide),
+                    |scratch, (y_n, x_n)| {
+                        wide.pad_input(x_n, &mut scratch.input);
+                        let args = (wide, &scratch.input[..], &packed[..], &bias_padded[..]);
+                        if let Some(rows) = &rows {
+                            // Straight into the output: no thrown-away columns to drop.
+                            forward_rows(args, rows, g.c_out, y_n);
+                            return;
+                        }
+                        forward_wide(args, &mut scratch.output);
+                        let wp = wide.padded[1];
+                        for co in 0..g.c_out {
+                            for oy in 0..oh {
+                                y_n[(co * oh + oy) * ow..][..ow].write_copy_of_slice(
+                                    &scratch.output[co * wide.len + oy * wp..][..ow],
+                                );
+                            }
+                        }
+                    },
+                )
+        })
+    }
 }
 
 /// Input gradient (stride 1), the same contract as `cpu::conv2d_input_grad`.

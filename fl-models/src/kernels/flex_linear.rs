@@ -126,40 +126,39 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> Vec<f32> {
     // gemm writes every element of its output (`read_dst` false: the first depth block stores,
     // the later ones add onto it), so the buffer is not zeroed first: a pass over the whole
     // product's memory, 64 MiB for VGG-16's 4096 × 4096 weight gradient.
-    let mut out = Vec::<f32>::with_capacity(m * n);
     let parallelism = if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_THRESHOLD {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
     };
     // SAFETY: `Operand::of` checked that every element the strides reach lies in its storage;
-    // `out` has capacity for m·n elements written with row stride n, the operands do not alias
-    // it, and with `read_dst` false gemm writes each of them before any read.
+    // `out` holds m·n elements written with row stride n, the operands do not alias it, and
+    // with `read_dst` false gemm writes each of them before any read.
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.data.as_ptr().add(a.start),
-            a.col_stride,
-            a.row_stride,
-            b.data.as_ptr().add(b.start),
-            b.col_stride,
-            b.row_stride,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-        out.set_len(m * n);
+        cpu::written_whole(m * n, |out| {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                out.as_mut_ptr().cast::<f32>(),
+                1,
+                n as isize,
+                false,
+                a.data.as_ptr().add(a.start),
+                a.col_stride,
+                a.row_stride,
+                b.data.as_ptr().add(b.start),
+                b.col_stride,
+                b.row_stride,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            )
+        })
     }
-    out
 }
 
 impl LinearKernelOps for Flex {

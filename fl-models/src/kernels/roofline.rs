@@ -159,6 +159,15 @@ pub struct ConvRate {
 /// Timing windows per pass of [`conv_rates`].
 const WINDOWS: u32 = 5;
 
+/// `n` deterministic values in [−0.5, 0.5) (a different sequence per `salt`): the timed
+/// passes' operands.
+fn fill(n: usize, salt: usize) -> Vec<f32> {
+    (0..n)
+        .into_par_iter()
+        .map(|i| ((i * 7919 + salt) % 1009) as f32 / 1009.0 - 0.5)
+        .collect()
+}
+
 /// GFLOP/s of `pass` (doing `flops` each run), the best of [`WINDOWS`] windows of about
 /// `seconds` in all: on a shared machine a neighbour's burst slows whole windows, and the best
 /// one is the kernel's own speed.
@@ -181,12 +190,6 @@ fn best_rate(flops: f64, seconds: f64, pass: &dyn Fn()) -> f64 {
 /// same entry points the models call, so buffer copies and zeroing count).
 pub fn conv_rates(shape: ConvShape, batch: usize, seconds: f64) -> ConvRate {
     let g = shape.geometry(batch);
-    let fill = |n: usize, salt: usize| -> Vec<f32> {
-        (0..n)
-            .into_par_iter()
-            .map(|i| ((i * 7919 + salt) % 1009) as f32 / 1009.0 - 0.5)
-            .collect()
-    };
     let x = fill(g.input_len() * batch, 1);
     let w = fill(g.weight_len(), 2);
     let dy = fill(g.output_len() * batch, 3);
@@ -224,11 +227,7 @@ pub fn linear_rates(d_in: usize, d_out: usize, batch: usize, seconds: f64) -> Li
     use burn::tensor::TensorData;
     use burn_flex::FlexTensor;
     let tensor = |shape: [usize; 2], salt: usize| {
-        let n = shape[0] * shape[1];
-        let v: Vec<f32> = (0..n)
-            .map(|i| ((i * 7919 + salt) % 1009) as f32 / 1009.0 - 0.5)
-            .collect();
-        FlexTensor::from_data(TensorData::new(v, shape))
+        FlexTensor::from_data(TensorData::new(fill(shape[0] * shape[1], salt), shape))
     };
     let (x, w, dy) = (
         tensor([batch, d_in], 1),

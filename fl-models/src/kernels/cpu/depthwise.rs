@@ -197,23 +197,22 @@ fn planes(g: &Conv2dGeometry) -> (usize, usize) {
 pub fn depthwise_forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
     let (in_plane, out_plane) = planes(g);
     let taps = g.kernel[0] * g.kernel[1];
-    // Each plane is written whole below, so the output is not zeroed first.
-    let len = g.batch * g.c_in * out_plane;
-    let mut y = Vec::with_capacity(len);
-    y.spare_capacity_mut()[..len]
-        .par_chunks_mut(out_plane)
-        .zip(x.par_chunks(in_plane))
-        .enumerate()
-        .for_each_init(
-            || Phased::new(g),
-            |buf, (i, (y, x))| {
-                let c = i % g.c_in;
-                forward_plane(g, &weight[c * taps..(c + 1) * taps], x, buf, y)
-            },
-        );
-    // SAFETY: `forward_plane` wrote every element of each plane.
-    unsafe { y.set_len(len) };
-    y
+    // SAFETY: the planes cover the output, and `forward_plane` writes every element of each
+    // (it asserts so).
+    unsafe {
+        super::written_whole(g.batch * g.c_in * out_plane, |y| {
+            y.par_chunks_mut(out_plane)
+                .zip(x.par_chunks(in_plane))
+                .enumerate()
+                .for_each_init(
+                    || Phased::new(g),
+                    |buf, (i, (y, x))| {
+                        let c = i % g.c_in;
+                        forward_plane(g, &weight[c * taps..(c + 1) * taps], x, buf, y)
+                    },
+                )
+        })
+    }
 }
 
 #[inline(always)]

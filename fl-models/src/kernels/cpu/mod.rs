@@ -188,11 +188,27 @@ const FILL_CHUNK: usize = 1 << 14;
 /// thread, a serial pass that at two threads held up every kernel's parallel work (a tenth of a
 /// ResNet-20 training step).
 pub(crate) fn par_zeroed(len: usize) -> Vec<f32> {
+    // SAFETY: the chunks cover the `len` elements, and each is written.
+    unsafe {
+        written_whole(len, |out| {
+            out.par_chunks_mut(FILL_CHUNK)
+                .for_each(|chunk| chunk.iter_mut().for_each(|v| _ = v.write(0.0)))
+        })
+    }
+}
+
+/// A buffer of `len` floats that `fill` writes whole into its uninitialised capacity: the
+/// outputs whose every element a kernel stores are not zeroed first (a pass over their memory).
+///
+/// # Safety
+/// `fill` writes every one of the `len` elements it is given.
+pub(crate) unsafe fn written_whole(
+    len: usize,
+    fill: impl FnOnce(&mut [MaybeUninit<f32>]),
+) -> Vec<f32> {
     let mut out = Vec::with_capacity(len);
-    out.spare_capacity_mut()[..len]
-        .par_chunks_mut(FILL_CHUNK)
-        .for_each(|chunk| chunk.iter_mut().for_each(|v| _ = v.write(0.0)));
-    // SAFETY: the chunks above cover the first `len` elements, and each was written.
+    fill(&mut out.spare_capacity_mut()[..len]);
+    // SAFETY: the caller's contract: `fill` wrote all `len` elements.
     unsafe { out.set_len(len) };
     out
 }
@@ -233,14 +249,14 @@ impl std::ops::DerefMut for Aligned {
 
 /// A copy of `values`, copied on the thread pool (see [`par_zeroed`]).
 pub(crate) fn par_copy(values: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(values.len());
-    out.spare_capacity_mut()[..values.len()]
-        .par_chunks_mut(FILL_CHUNK)
-        .zip(values.par_chunks(FILL_CHUNK))
-        .for_each(|(dst, src)| _ = dst.write_copy_of_slice(src));
-    // SAFETY: the chunks above cover the first `values.len()` elements, and each was written.
-    unsafe { out.set_len(values.len()) };
-    out
+    // SAFETY: the chunks cover the `values.len()` elements, and each is written.
+    unsafe {
+        written_whole(values.len(), |out| {
+            out.par_chunks_mut(FILL_CHUNK)
+                .zip(values.par_chunks(FILL_CHUNK))
+                .for_each(|(dst, src)| _ = dst.write_copy_of_slice(src))
+        })
+    }
 }
 
 /// `Σ values`, in eight interleaved partial sums (so it vectorises; the order is fixed).

@@ -138,17 +138,18 @@ pub fn batch_norm_train_forward(
         })
         .collect();
     // Written once, not zeroed first (the zeroing pass was 2% of MobileNetV2's step).
-    let mut y: Vec<f32> = Vec::with_capacity(x.len());
-    if g.plane > 0 {
-        let sample = g.channels * g.plane;
-        y.spare_capacity_mut()[..x.len()]
-            .par_chunks_mut(sample)
-            .zip(x.par_chunks(sample))
-            .for_each(|(y_s, x_s)| affine_sample(g.plane, &affine, x_s, y_s));
-    }
     // SAFETY: `x` is whole samples of `channels · plane` floats (empty if `plane` is 0), and
     // `affine_sample` writes every float of each sample's chunk (it asserts the lengths).
-    unsafe { y.set_len(x.len()) };
+    let y = unsafe {
+        super::written_whole(x.len(), |y| {
+            if g.plane > 0 {
+                let sample = g.channels * g.plane;
+                y.par_chunks_mut(sample)
+                    .zip(x.par_chunks(sample))
+                    .for_each(|(y_s, x_s)| affine_sample(g.plane, &affine, x_s, y_s));
+            }
+        })
+    };
     (y, mean, var)
 }
 

@@ -38,37 +38,34 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<
     let packed = pack_input_tiles(g, weight, INPUT_TILE);
     let border = Border::new(g);
     let vectors = border.input_vectors(g);
-    // Every element is stored below (the input vectors cover each row of every channel), so
-    // the gradient is not zeroed first.
-    let len = g.batch * g.input_len();
-    let mut dx = Vec::<f32>::with_capacity(len);
-    dx.spare_capacity_mut()[..len]
-        .par_chunks_mut(g.input_len())
-        .zip(dy.par_chunks(g.output_len()))
-        .for_each_init(
-            || Aligned::zeroed(border.len(g.c_out)),
-            |bordered, (dx_n, dy_n)| {
-                border.copy(g, dy_n, bordered);
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `direct::applies` checked the tier; the kernel asserts the buffers'
-                // lengths.
-                unsafe {
-                    let args = (g, &border, &bordered[..], &packed[..]);
-                    // AVX2: four channels at a time (8 of its 16 registers for the chains; the
-                    // running totals wait in memory between taps).
-                    if super::avx512() {
-                        tiles::gather_avx512::<INPUT_TILE, INPUT_TILE>(args, &vectors, dx_n)
-                    } else {
-                        tiles::gather_avx2::<INPUT_TILE, 4>(args, &vectors, dx_n)
-                    }
-                };
-                #[cfg(not(target_arch = "x86_64"))]
-                unreachable!("direct convolution is only used on x86-64");
-            },
-        );
-    // SAFETY: each sample's chunk of `len` was stored whole above.
-    unsafe { dx.set_len(len) };
-    dx
+    let fill = |dx: &mut [std::mem::MaybeUninit<f32>]| {
+        dx.par_chunks_mut(g.input_len())
+            .zip(dy.par_chunks(g.output_len()))
+            .for_each_init(
+                || Aligned::zeroed(border.len(g.c_out)),
+                |bordered, (dx_n, dy_n)| {
+                    border.copy(g, dy_n, bordered);
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `direct::applies` checked the tier; the kernel asserts the
+                    // buffers' lengths.
+                    unsafe {
+                        let args = (g, &border, &bordered[..], &packed[..]);
+                        // AVX2: four channels at a time (8 of its 16 registers for the chains;
+                        // the running totals wait in memory between taps).
+                        if super::avx512() {
+                            tiles::gather_avx512::<INPUT_TILE, INPUT_TILE>(args, &vectors, dx_n)
+                        } else {
+                            tiles::gather_avx2::<INPUT_TILE, 4>(args, &vectors, dx_n)
+                        }
+                    };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    unreachable!("direct convolution is only used on x86-64");
+                },
+            )
+    };
+    // SAFETY: each sample's chunk is stored whole: the input vectors cover each row of every
+    // channel (prefix-masked stores, plain ones on AVX2, which read nothing).
+    unsafe { crate::kernels::cpu::written_whole(g.batch * g.input_len(), fill) }
 }
 
 /// An output gradient with a zero border: `kh − 1` rows above and below each `[oh, ow]` plane
