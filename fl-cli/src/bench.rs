@@ -401,15 +401,17 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-/// The 3×3 and 5×5 stride-1 convolutions of the FedMR CNN, ResNet-20 and VGG-16 on 3×32×32
-/// inputs, one row per distinct shape, their 1×28×28 maps where the kernel paths differ
-/// (ResNet-20's and VGG-16's 7×7, VGG-16's 3×3 and 1×1), and pFedClub's CNN3 and CNN4 layers
-/// on the maps where their kernel paths differ (3×32×32 and 1×28×28 inputs), and CNN1's and
-/// CNN2's 5×5 layers at 3×32×32.
+/// The 3×3 and 5×5 stride-1 convolutions of the FedMR CNN, the FedAvg CNN, ResNet-20 and
+/// VGG-16 on 3×32×32 inputs, one row per distinct shape, their 1×28×28 maps where the kernel
+/// paths differ (ResNet-20's and VGG-16's 7×7, VGG-16's 3×3 and 1×1), and pFedClub's CNN1–CNN4
+/// layers at 3×32×32 and where their kernel paths differ at 1×28×28. A first layer's input
+/// gradient is never computed in training; its row still times one.
 #[cfg(feature = "flex")]
-const KERNEL_SHAPES: [(&str, [usize; 5]); 25] = [
+const KERNEL_SHAPES: [(&str, [usize; 5]); 32] = [
     ("cnn conv1", [3, 6, 32, 5, 0]),
     ("cnn conv2", [6, 16, 14, 5, 0]),
+    ("cnn-fedavg conv1", [3, 32, 32, 5, 0]),
+    ("cnn-fedavg conv2", [32, 64, 14, 5, 0]),
     ("resnet20 stage 1", [16, 16, 32, 3, 1]),
     ("resnet20 stage 2", [32, 32, 16, 3, 1]),
     ("resnet20 stage 3", [64, 64, 8, 3, 1]),
@@ -423,7 +425,12 @@ const KERNEL_SHAPES: [(&str, [usize; 5]); 25] = [
     ("vgg16 block 5", [512, 512, 2, 3, 1]),
     ("vgg16 block 4 (1×28×28)", [512, 512, 3, 3, 1]),
     ("vgg16 block 5 (1×28×28)", [512, 512, 1, 3, 1]),
+    ("cnn1–cnn4 conv1", [3, 32, 32, 5, 2]),
+    ("cnn4 conv2", [32, 32, 32, 3, 1]),
+    ("cnn4 conv3", [32, 64, 16, 3, 1]),
+    ("cnn4 conv4", [64, 64, 16, 5, 2]),
     ("cnn4 conv5", [64, 128, 8, 3, 1]),
+    ("cnn4 conv6", [128, 128, 8, 3, 1]),
     ("cnn1/cnn2 conv2", [32, 64, 16, 5, 2]),
     ("cnn2 conv3", [64, 128, 8, 5, 2]),
     ("cnn3 conv2 (1×28×28)", [32, 64, 14, 5, 2]),
@@ -439,8 +446,9 @@ const KERNEL_SHAPES: [(&str, [usize; 5]); 25] = [
 /// CNN1's, CNN2's, CNN4's and the FedAvg CNN's first FC layer at 3×32×32 (and CNN2's at
 /// 1×28×28), VGG-16's 4096 → 4096 and CNN3's second.
 #[cfg(feature = "flex")]
-const LINEAR_SHAPES: [(&str, [usize; 2]); 6] = [
-    ("cnn1/cnn3/cnn-fedavg fc1", [4096, 512]),
+const LINEAR_SHAPES: [(&str, [usize; 2]); 7] = [
+    ("cnn1/cnn3 fc1", [4096, 512]),
+    ("cnn-fedavg fc1", [1600, 512]),
     ("cnn2 fc1", [8192, 512]),
     ("cnn2 fc1 (1×28×28)", [6272, 512]),
     ("cnn4 fc1", [2048, 512]),

@@ -24,7 +24,8 @@
 //! for each tier with register tiles that fit its register file; every lane's sum is the same
 //! chain on both, so an AVX2 CPU computes these layers to the same bits as an AVX-512 one.
 //! Where each output row's own vectors are fewer than the wide length's (16×16 and 32×32 maps,
-//! 14×14 ones under 5×5 kernels), the forward pass computes those instead (`direct/rows.rs`);
+//! 14×14 ones under 5×5 kernels; on AVX2, whose row vectors are 8 lanes, also 8×8 and 7×7
+//! ones), the forward pass computes those instead (`direct/rows.rs`);
 //! where it computes about as many lanes as the scatter ("same" padding), the input gradient
 //! gathers each input pixel's taps in registers (`direct/gather.rs`). Both keep the wide
 //! layout's sums. Sums run in a fixed order, so results do not depend on the thread count.
@@ -139,15 +140,14 @@ impl Wide {
                 }
             }
         }
-        let row_vectors = ow.div_ceil(LANES);
-        // By rows where that computes fewer vectors than the wide length, or up to 6% more
+        let row_lanes = ow.next_multiple_of(rows::unit());
+        // By rows where that computes fewer lanes than the wide length, or up to 6% more
         // on layers of at most 16 input channels, where copying the output out of the wide
         // layout costs more than the extra products (ResNet-20's 28×28 stage: its evaluation on
         // 1×28×28 inputs 6–8% faster; at 32 and 64 channels within noise or slower).
-        let by_rows = oh * row_vectors < len / LANES
-            || (g.c_in <= 16 && 100 * oh * row_vectors <= 106 * (len / LANES));
+        let by_rows = oh * row_lanes < len || (g.c_in <= 16 && 100 * oh * row_lanes <= 106 * len);
         let reach = if by_rows {
-            len.max((oh - 1) * padded[1] + row_vectors * LANES)
+            len.max((oh - 1) * padded[1] + row_lanes)
         } else {
             len
         };

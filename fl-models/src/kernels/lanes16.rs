@@ -8,33 +8,48 @@
 //! bits on an AVX2 CPU as on an AVX-512 one (a test compares the AVX2 kernels with scalar chains
 //! in that order). The methods are `#[inline(always)]` and carry no target features of their
 //! own: they are compiled into the kernel that calls them, which enables its tier's features.
+//!
+//! Kernels whose every output is its own chain (no sum across lanes: the direct forward pass by
+//! rows, the gathered input gradient) are written over [`Lanes`], the lane-wise part, and run in
+//! one register of either tier: 16 lanes on AVX-512, 8 on AVX2 (`__m256`).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Sixteen `f32` lanes in registers.
+/// `f32` lanes in registers, operated on lane by lane: what kernels whose every output is its
+/// own chain (the forward pass, the gathered input gradient) need, at any width.
 ///
 /// # Safety
 /// Every method needs the CPU features of the implementing tier, and pointers valid for the
-/// sixteen floats (or, for [`Lanes16::store_masked`], the masked ones) it reads or writes.
-pub(crate) trait Lanes16: Copy {
+/// [`Lanes::WIDTH`] floats (or, for [`Lanes::store_masked`], the masked ones) it reads or writes.
+pub(crate) trait Lanes: Copy {
+    /// Lanes per value.
+    const WIDTH: usize;
     /// All lanes `+0`.
     unsafe fn zero() -> Self;
     /// All lanes `v`.
     unsafe fn splat(v: f32) -> Self;
-    /// Sixteen floats from `p` (unaligned).
+    /// [`Lanes::WIDTH`] floats from `p` (unaligned).
     unsafe fn load(p: *const f32) -> Self;
-    /// The floats at `p + l` whose bit `l` is set in `mask`, zeros in the other lanes (their
-    /// addresses are not read).
-    unsafe fn load_masked(p: *const f32, mask: u16) -> Self;
-    /// Sixteen floats to `p` (unaligned).
+    /// [`Lanes::WIDTH`] floats to `p` (unaligned).
     unsafe fn store(self, p: *mut f32);
-    /// The lanes whose bit is set in `mask` (bit `l` for lane `l`) to `p + l`.
+    /// The lanes whose bit is set in `mask` (bit `l` for lane `l < WIDTH`) to `p + l`.
     unsafe fn store_masked(self, p: *mut f32, mask: u16);
     /// `self · b + c` per lane, rounded once.
     unsafe fn mul_add(self, b: Self, c: Self) -> Self;
     /// `self + b` per lane.
     unsafe fn add(self, b: Self) -> Self;
+}
+
+/// Sixteen `f32` lanes in registers, with the operations across lanes whose order the kernels
+/// fix on every tier.
+///
+/// # Safety
+/// As [`Lanes`].
+pub(crate) trait Lanes16: Lanes {
+    /// The floats at `p + l` whose bit `l` is set in `mask`, zeros in the other lanes (their
+    /// addresses are not read).
+    unsafe fn load_masked(p: *const f32, mask: u16) -> Self;
     /// The sum of the lanes: `l` with `l + 8`, then `+ 4`, `+ 2`, `+ 1`.
     unsafe fn reduce_add(self) -> f32;
     /// Transposes sixteen vectors in registers: lane `j` of `rows[i]` becomes lane `i` of
@@ -43,7 +58,8 @@ pub(crate) trait Lanes16: Copy {
 }
 
 #[cfg(target_arch = "x86_64")]
-impl Lanes16 for __m512 {
+impl Lanes for __m512 {
+    const WIDTH: usize = 16;
     #[inline(always)]
     unsafe fn zero() -> Self {
         unsafe { _mm512_setzero_ps() }
@@ -55,10 +71,6 @@ impl Lanes16 for __m512 {
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         unsafe { _mm512_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn load_masked(p: *const f32, mask: u16) -> Self {
-        unsafe { _mm512_maskz_loadu_ps(mask, p) }
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
@@ -75,6 +87,14 @@ impl Lanes16 for __m512 {
     #[inline(always)]
     unsafe fn add(self, b: Self) -> Self {
         unsafe { _mm512_add_ps(self, b) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes16 for __m512 {
+    #[inline(always)]
+    unsafe fn load_masked(p: *const f32, mask: u16) -> Self {
+        unsafe { _mm512_maskz_loadu_ps(mask, p) }
     }
     #[inline(always)]
     unsafe fn reduce_add(self) -> f32 {
@@ -212,7 +232,8 @@ impl Avx2x2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-impl Lanes16 for Avx2x2 {
+impl Lanes for Avx2x2 {
+    const WIDTH: usize = 16;
     #[inline(always)]
     unsafe fn zero() -> Self {
         unsafe { Avx2x2(_mm256_setzero_ps(), _mm256_setzero_ps()) }
@@ -227,18 +248,6 @@ impl Lanes16 for Avx2x2 {
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         unsafe { Avx2x2(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) }
-    }
-    #[inline(always)]
-    unsafe fn load_masked(p: *const f32, mask: u16) -> Self {
-        unsafe {
-            let (low, high) = (mask as u8, (mask >> 8) as u8);
-            let half = |p: *const f32, bits: u8| match bits {
-                0 => _mm256_setzero_ps(),
-                0xff => _mm256_loadu_ps(p),
-                _ => _mm256_maskload_ps(p, Self::mask(bits)),
-            };
-            Avx2x2(half(p, low), half(p.add(8), high))
-        }
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
@@ -267,6 +276,22 @@ impl Lanes16 for Avx2x2 {
     #[inline(always)]
     unsafe fn add(self, b: Self) -> Self {
         unsafe { Avx2x2(_mm256_add_ps(self.0, b.0), _mm256_add_ps(self.1, b.1)) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes16 for Avx2x2 {
+    #[inline(always)]
+    unsafe fn load_masked(p: *const f32, mask: u16) -> Self {
+        unsafe {
+            let (low, high) = (mask as u8, (mask >> 8) as u8);
+            let half = |p: *const f32, bits: u8| match bits {
+                0 => _mm256_setzero_ps(),
+                0xff => _mm256_loadu_ps(p),
+                _ => _mm256_maskload_ps(p, Self::mask(bits)),
+            };
+            Avx2x2(half(p, low), half(p.add(8), high))
+        }
     }
     #[inline(always)]
     unsafe fn reduce_add(self) -> f32 {
@@ -302,12 +327,57 @@ impl Lanes16 for Avx2x2 {
     }
 }
 
-/// The two entry points of a kernel written over [`Lanes16`]: `$avx512` compiles it with
-/// AVX-512F and `__m512` lanes, `$avx2` with AVX2 and FMA and [`Avx2x2`] lanes (the kernel and
-/// the lane methods are `#[inline(always)]`, so both are compiled into the entry point with its
-/// tier's instructions). Each entry point's safety contract is the kernel's, plus the tier.
+/// Eight lanes in one AVX2 register: the AVX2 unit of the kernels whose every output is its own
+/// chain (the direct forward pass by rows, the gathered input gradient), which can compute in
+/// any width: in eight-lane units a register tile holds half as many pixels per channel, so
+/// twice the channels or vectors fit in AVX2's sixteen registers.
+#[cfg(target_arch = "x86_64")]
+impl Lanes for __m256 {
+    const WIDTH: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        unsafe { _mm256_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe { _mm256_storeu_ps(p, self) }
+    }
+    #[inline(always)]
+    unsafe fn store_masked(self, p: *mut f32, mask: u16) {
+        unsafe { Avx2x2::store_half(p, self, mask as u8) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(self, b: Self, c: Self) -> Self {
+        unsafe { _mm256_fmadd_ps(self, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn add(self, b: Self) -> Self {
+        unsafe { _mm256_add_ps(self, b) }
+    }
+}
+
+/// The two entry points of a kernel written over [`Lanes16`] (or [`Lanes`]): `$avx512`
+/// compiles it with AVX-512F and `__m512` lanes, `$avx2` with AVX2 and FMA and [`Avx2x2`]
+/// lanes, or those named after `as` (the kernel and the lane methods are `#[inline(always)]`,
+/// so both are compiled into the entry point with its tier's instructions). Each entry point's
+/// safety contract is the kernel's, plus the tier.
 macro_rules! tier_entries {
     ($avx512:ident, $avx2:ident =>
+        $kernel:ident<$(const $c:ident),*>($($arg:ident: $ty:ty),* $(,)?)) => {
+        $crate::kernels::lanes16::tier_entries! {
+            $avx512, $avx2 as $crate::kernels::lanes16::Avx2x2 =>
+                $kernel<$(const $c),*>($($arg: $ty),*)
+        }
+    };
+    ($avx512:ident, $avx2:ident as $lanes:ty =>
         $kernel:ident<$(const $c:ident),*>($($arg:ident: $ty:ty),* $(,)?)) => {
         /// The kernel of the same name, with AVX-512F.
         ///
@@ -325,7 +395,7 @@ macro_rules! tier_entries {
         #[target_feature(enable = "avx2,fma")]
         pub(super) unsafe fn $avx2<$(const $c: usize),*>($($arg: $ty),*) {
             // SAFETY: the caller upholds the contract.
-            unsafe { $kernel::<$crate::kernels::lanes16::Avx2x2, $($c),*>($($arg),*) }
+            unsafe { $kernel::<$lanes, $($c),*>($($arg),*) }
         }
     };
 }

@@ -28,6 +28,9 @@ const INPUT_TILE: usize = 8;
 /// on 14×14 would gather twice the lanes (measured: 40% slower).
 pub(super) fn worth_it(g: &Conv2dGeometry, scatter_lanes: usize, scatter_channels: usize) -> bool {
     let [h, w] = g.input;
+    // Counted in 16-lane vectors on both tiers: AVX2's 8-lane ones would gather the 8×8 and
+    // 7×7 maps in fewer lanes than the scatter, but ran 15–35% slower there wherever the output
+    // gradient's planes outgrow L1 (128 and 256 channels; within noise at 64).
     let lanes = h * w.next_multiple_of(LANES) * g.c_in.next_multiple_of(INPUT_TILE);
     10 * lanes <= 11 * scatter_lanes * scatter_channels
 }
@@ -50,12 +53,13 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<
                     // buffers' lengths.
                     unsafe {
                         let args = (g, &border, &bordered[..], &packed[..]);
-                        // AVX2: four channels at a time (8 of its 16 registers for the chains;
-                        // the running totals wait in memory between taps).
+                        // AVX2: four channels × two 8-lane vectors at a time (8 of its 16
+                        // registers for the chains; the running totals wait in memory between
+                        // taps).
                         if super::avx512() {
-                            tiles::gather_avx512::<INPUT_TILE, INPUT_TILE>(args, &vectors, dx_n)
+                            tiles::gather_avx512::<INPUT_TILE, INPUT_TILE, 1>(args, &vectors, dx_n)
                         } else {
-                            tiles::gather_avx2::<INPUT_TILE, 4>(args, &vectors, dx_n)
+                            tiles::gather_avx2::<INPUT_TILE, 4, 2>(args, &vectors, dx_n)
                         }
                     };
                     #[cfg(not(target_arch = "x86_64"))]
@@ -125,24 +129,25 @@ impl Border {
 #[cfg(target_arch = "x86_64")]
 mod tiles {
     use super::{Border, Conv2dGeometry, LANES, RowVectors};
-    use crate::kernels::lanes16::Lanes16;
+    use crate::kernels::lanes16::Lanes;
 
     /// [`input_grad`](super::input_grad) for one sample, every input-channel tile of `C`
-    /// (`R` channels at a time) and pixel vector: per tap a chain over the output channels
-    /// from +0, added onto a running total from +0, then stored masked to the vector's pixels
-    /// into `dx` `[c_in, h, w]`, every element of which it writes (prefix masks: plain stores
-    /// on AVX2, so nothing uninitialised is read).
+    /// (`R` channels × `P` pixel vectors at a time, then single vectors): per tap a chain over
+    /// the output channels from +0, added onto a running total from +0, then stored masked to
+    /// the vector's pixels into `dx` `[c_in, h, w]`, every element of which it writes (prefix
+    /// masks: plain stores on AVX2, so nothing uninitialised is read).
     ///
     /// # Safety
     /// The CPU supports `V`'s tier; `R` divides `C`; `packed` is the weights as `input_grad`
     /// packs them for tiles of `C`, `bordered` one sample's output gradient as `border` lays it
-    /// out, and `vectors` `border`'s input vectors of `g`.
+    /// out, and `vectors` `border`'s input vectors of `g`, built for `V`'s width.
     #[inline(always)]
-    unsafe fn gather<V: Lanes16, const C: usize, const R: usize>(
-        (g, border, bordered, packed): (&Conv2dGeometry, &Border, &[f32], &[f32]),
+    unsafe fn gather<V: Lanes, const C: usize, const R: usize, const P: usize>(
+        args: (&Conv2dGeometry, &Border, &[f32], &[f32]),
         vectors: &RowVectors,
         dx: &mut [std::mem::MaybeUninit<f32>],
     ) {
+        let (g, border, bordered, packed) = args;
         let ([h, w], [kh, kw], c_out) = (g.input, g.kernel, g.c_out);
         let taps = kh * kw;
         let c_in_padded = g.c_in.next_multiple_of(C);
@@ -152,52 +157,91 @@ mod tiles {
         assert!(bordered.len() >= planes * border.plane + furthest + LANES);
         let nearest = vectors.starts.iter().min().copied().unwrap_or(usize::MAX);
         assert!(nearest >= (kh - 1) * border.stride + kw - 1);
-        let lanes = |mask: u16| LANES - mask.leading_zeros() as usize;
+        let lanes = |mask: u16| 16 - mask.leading_zeros() as usize;
         let stores = vectors.dest.iter().zip(&vectors.masks);
         assert!(stores.clone().all(|(&d, &m)| d + lanes(m) <= h * w));
-        // SAFETY: the asserts bound every access: tap `(ky, kx)` of a vector reads 16 floats
-        // from `co·plane + start − ky·stride − kx >= co·plane`, up to the furthest start plus a
-        // vector, within `bordered`; the stores are masked to the vector's pixels, within
-        // `h·w`, in channels `< c_in`.
+        // Vectors built for a wider unit would leave lanes unwritten.
+        assert!(vectors.masks.iter().all(|&m| u32::from(m) >> V::WIDTH == 0));
+        let count = vectors.starts.len();
+        let main = count - count % P;
+        // SAFETY: the asserts bound every access: tap `(ky, kx)` of a vector reads `V::WIDTH`
+        // floats from `co·plane + start − ky·stride − kx >= co·plane`, up to the furthest
+        // start plus a vector, within `bordered`; the stores are masked to the vector's pixels,
+        // within `h·w`, in channels `< c_in`.
         unsafe {
-            let (d, out) = (bordered.as_ptr(), dx.as_mut_ptr().cast::<f32>());
             for block in 0..c_in_padded / C {
                 for first in (0..C).step_by(R) {
                     let channel = block * C + first;
                     if channel >= g.c_in {
                         break;
                     }
-                    let live = (g.c_in - channel).min(R);
-                    for (i, &read) in vectors.starts.iter().enumerate() {
-                        let mut total = [V::zero(); R];
-                        for k in 0..taps {
-                            let src = d.add(read - (k / kw * border.stride + k % kw));
-                            let wk = packed.as_ptr().add((block * taps + k) * c_out * C + first);
-                            let mut acc = [V::zero(); R];
-                            for co in 0..c_out {
-                                let dv = V::load(src.add(co * border.plane));
-                                let wc = wk.add(co * C);
-                                for (c, a) in acc.iter_mut().enumerate() {
-                                    *a = V::splat(*wc.add(c)).mul_add(dv, *a);
-                                }
-                            }
-                            for (t, a) in total.iter_mut().zip(&acc) {
-                                *t = t.add(*a);
-                            }
-                        }
-                        let (at, mask) = (vectors.dest[i], vectors.masks[i]);
-                        for (c, sum) in total.iter().enumerate().take(live) {
-                            sum.store_masked(out.add((channel + c) * h * w + at), mask);
-                        }
+                    let tile = (block, first, (g.c_in - channel).min(R));
+                    for i in (0..main).step_by(P) {
+                        gather_tile::<V, C, R, P>(args, vectors, tile, i, dx);
+                    }
+                    for i in main..count {
+                        gather_tile::<V, C, R, 1>(args, vectors, tile, i, dx);
                     }
                 }
             }
         }
     }
 
+    /// One register tile of [`gather`]: channels `first..first + R` of input-channel block
+    /// `block` (the first `live` of them stored) at the vectors `i..i + P`.
+    ///
+    /// # Safety
+    /// As [`gather`]'s, whose asserts hold; `i + P <= vectors.starts.len()`.
+    #[inline(always)]
+    unsafe fn gather_tile<V: Lanes, const C: usize, const R: usize, const P: usize>(
+        (g, border, bordered, packed): (&Conv2dGeometry, &Border, &[f32], &[f32]),
+        vectors: &RowVectors,
+        (block, first, live): (usize, usize, usize),
+        i: usize,
+        dx: &mut [std::mem::MaybeUninit<f32>],
+    ) {
+        let ([h, w], [kh, kw], c_out) = (g.input, g.kernel, g.c_out);
+        let taps = kh * kw;
+        // SAFETY: the caller upholds this function's contract.
+        unsafe {
+            let (d, out) = (bordered.as_ptr(), dx.as_mut_ptr().cast::<f32>());
+            let reads: [usize; P] = std::array::from_fn(|v| vectors.starts[i + v]);
+            let mut total = [[V::zero(); P]; R];
+            for k in 0..taps {
+                let shift = k / kw * border.stride + k % kw;
+                let srcs: [*const f32; P] = std::array::from_fn(|v| d.add(reads[v] - shift));
+                let wk = packed.as_ptr().add((block * taps + k) * c_out * C + first);
+                let mut acc = [[V::zero(); P]; R];
+                for co in 0..c_out {
+                    let plane = co * border.plane;
+                    let dv: [V; P] = std::array::from_fn(|v| V::load(srcs[v].add(plane)));
+                    let wc = wk.add(co * C);
+                    for (c, a) in acc.iter_mut().enumerate() {
+                        let wv = V::splat(*wc.add(c));
+                        for v in 0..P {
+                            a[v] = wv.mul_add(dv[v], a[v]);
+                        }
+                    }
+                }
+                for (t, a) in total.iter_mut().zip(&acc) {
+                    for v in 0..P {
+                        t[v] = t[v].add(a[v]);
+                    }
+                }
+            }
+            let channel = block * C + first;
+            for (c, sums) in total.iter().enumerate().take(live) {
+                for (v, sum) in sums.iter().enumerate() {
+                    let (at, mask) = (vectors.dest[i + v], vectors.masks[i + v]);
+                    sum.store_masked(out.add((channel + c) * h * w + at), mask);
+                }
+            }
+        }
+    }
+
     crate::kernels::lanes16::tier_entries! {
-        gather_avx512, gather_avx2 =>
-            gather<const C, const R>(
+        gather_avx512, gather_avx2 as std::arch::x86_64::__m256 =>
+            gather<const C, const R, const P>(
                 args: (&Conv2dGeometry, &Border, &[f32], &[f32]),
                 vectors: &RowVectors,
                 dx: &mut [std::mem::MaybeUninit<f32>],

@@ -6,8 +6,8 @@ use std::mem::MaybeUninit;
 use super::{ForwardArgs, LANES, Wide};
 use crate::kernels::cpu::first_lanes;
 
-/// The pixel vectors of each row of a `[rows, width]` plane, a row's last vector possibly
-/// partial: the forward pass's output rows, for maps where they are fewer than the wide
+/// The pixel vectors of each row of a `[rows, width]` plane ([`unit`] lanes each), a row's last
+/// vector possibly partial: the forward pass's output rows, for maps where they are fewer than the wide
 /// layout's (rows 16 or 32 wide, or short rows under wide kernels: on 16×16 maps the wide layout
 /// computes 20 vectors per channel under 5×5 kernels, 18 under 3×3, for 16 of outputs), and the
 /// gathered input gradient's input rows (`gather.rs`). Every output is the same sum in the same
@@ -22,20 +22,30 @@ pub(super) struct RowVectors {
     pub(super) masks: Vec<u16>,
 }
 
+/// Lanes per [`RowVectors`] vector: one register of the tier, 16 on AVX-512 and 8 on AVX2.
+/// Each output is its own chain, so the width changes no bit, only how many lanes a row takes:
+/// an 8-wide row (the 8×8 maps of ResNet-20's third stage, VGG-16's and CNN4's) is one AVX2
+/// register, not half of a 16-lane pair, and 7-wide rows lose one lane in eight, not nine in
+/// sixteen.
+pub(super) fn unit() -> usize {
+    if super::avx512() { LANES } else { LANES / 2 }
+}
+
 impl RowVectors {
-    /// The vectors of a `[rows, width]` plane, the one starting at column `x0` of row `r`
-    /// reading from `start(r, x0)`.
+    /// The [`unit`]-wide vectors of a `[rows, width]` plane, the one starting at column `x0` of
+    /// row `r` reading from `start(r, x0)`.
     pub(super) fn new([rows, width]: [usize; 2], start: impl Fn(usize, usize) -> usize) -> Self {
+        let unit = unit();
         let mut v = RowVectors {
             starts: Vec::new(),
             dest: Vec::new(),
             masks: Vec::new(),
         };
         for r in 0..rows {
-            for x0 in (0..width).step_by(LANES) {
+            for x0 in (0..width).step_by(unit) {
                 v.starts.push(start(r, x0));
                 v.dest.push(r * width + x0);
-                v.masks.push(first_lanes(width - x0));
+                v.masks.push(first_lanes((width - x0).min(unit)));
             }
         }
         v
@@ -69,11 +79,17 @@ pub(super) fn forward_rows(
         // SAFETY: as in `forward_wide`; `Wide::reach` bounds the vectors' loads, and the stores
         // are masked to each row and to the `c_out` channels.
         unsafe {
-            // The tiles of `forward_wide`, on either tier.
-            by_channel_tile!(
-                wide.channel_tile,
-                tiles::{forward_rows_avx512, forward_rows_avx2}(args, rows, c_out, out)
-            )
+            // AVX-512: the tiles of `forward_wide`. AVX2, in 8-lane vectors: the same registers
+            // (4 channels × 2 vectors, or 6 × 2).
+            use tiles::{forward_rows_avx2 as avx2, forward_rows_avx512 as avx512};
+            match (super::avx512(), wide.channel_tile) {
+                (true, 8) => avx512::<8, 8, 3>(args, rows, c_out, out),
+                (true, 6) => avx512::<6, 6, 4>(args, rows, c_out, out),
+                (true, _) => avx512::<4, 4, 4>(args, rows, c_out, out),
+                (false, 8) => avx2::<8, 4, 2>(args, rows, c_out, out),
+                (false, 6) => avx2::<6, 6, 2>(args, rows, c_out, out),
+                (false, _) => avx2::<4, 4, 2>(args, rows, c_out, out),
+            }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -83,7 +99,7 @@ pub(super) fn forward_rows(
 #[cfg(target_arch = "x86_64")]
 mod tiles {
     use super::{RowVectors, Wide};
-    use crate::kernels::lanes16::Lanes16;
+    use crate::kernels::lanes16::Lanes;
     use std::mem::MaybeUninit;
 
     /// The wide kernels' sums (`direct.rs`' `tiles::forward`) by [`RowVectors`]: tiles of `R`
@@ -97,13 +113,15 @@ mod tiles {
     /// `out` holds `c_out · oh · ow` floats, `packed` `c_out_padded · taps` and `bias`
     /// `c_out_padded`.
     #[inline(always)]
-    unsafe fn forward_rows<V: Lanes16, const C: usize, const R: usize, const P: usize>(
+    unsafe fn forward_rows<V: Lanes, const C: usize, const R: usize, const P: usize>(
         args: (&Wide, &[f32], &[f32], &[f32]),
         rows: &RowVectors,
         c_out: usize,
         out: &mut [MaybeUninit<f32>],
     ) {
         let count = rows.starts.len();
+        // Vectors built for a wider unit would leave lanes unwritten.
+        assert!(rows.masks.iter().all(|&m| u32::from(m) >> V::WIDTH == 0));
         let main = count - count % P;
         // SAFETY: the caller upholds this function's contract.
         unsafe {
@@ -117,7 +135,7 @@ mod tiles {
     /// # Safety
     /// As [`forward_rows`]'s.
     #[inline(always)]
-    unsafe fn forward_row_tiles<V: Lanes16, const C: usize, const R: usize, const P: usize>(
+    unsafe fn forward_row_tiles<V: Lanes, const C: usize, const R: usize, const P: usize>(
         (wide, input, packed, bias): (&Wide, &[f32], &[f32], &[f32]),
         rows: &RowVectors,
         vectors: std::ops::Range<usize>,
@@ -168,7 +186,7 @@ mod tiles {
     }
 
     crate::kernels::lanes16::tier_entries! {
-        forward_rows_avx512, forward_rows_avx2 =>
+        forward_rows_avx512, forward_rows_avx2 as std::arch::x86_64::__m256 =>
             forward_rows<const C, const R, const P>(
                 args: (&Wide, &[f32], &[f32], &[f32]),
                 rows: &RowVectors,

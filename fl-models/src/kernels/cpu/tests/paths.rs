@@ -236,17 +236,25 @@ fn direct_kernels_by_rows_keep_the_wide_bits() {
         // ResNet-20's 28×28 stage: 6% more vectors by rows, taken at 16 input channels.
         geometry([2, 16, 28, 28], [16, 3, 3], [1, 1], [(1, 1), (1, 1)]),
     ];
+    // 8×8 and 7×7 maps: by rows in AVX2's 8-lane vectors (one per row, against 80 and 64
+    // lanes per channel wide), wide in AVX-512's 16-lane ones.
+    let short_rows = [
+        geometry([3, 13, 8, 8], [20, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([2, 9, 7, 7], [16, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+    ];
     use crate::kernels::direct;
     let _guard = crate::kernels::isa::test_lock();
     if Isa::active() < Isa::Avx2 {
         return;
     }
-    for g in &shapes {
+    let avx2 = Isa::active() == Isa::Avx2;
+    let paths = shapes.iter().map(|g| (g, true));
+    for (g, by_rows) in paths.chain(short_rows.iter().map(|g| (g, avx2))) {
         let x = values(g.batch * g.input_len(), 61);
         let w = values(g.weight_len(), 62);
         let b = values(g.c_out, 63);
         let dy = values(g.batch * g.output_len(), 64);
-        assert!(direct::runs_by_rows(g), "{g:?}: runs by rows");
+        assert_eq!(direct::runs_by_rows(g), by_rows, "{g:?}: runs by rows");
         for bias in [Some(&b[..]), None] {
             let y = direct::conv2d_forward(g, &x, &w, bias);
             let y_ref = direct::wide_forward(g, &x, &w, bias);
