@@ -157,7 +157,7 @@ mod tiles {
         assert!(bordered.len() >= planes * border.plane + furthest + LANES);
         let nearest = vectors.starts.iter().min().copied().unwrap_or(usize::MAX);
         assert!(nearest >= (kh - 1) * border.stride + kw - 1);
-        let lanes = |mask: u16| 16 - mask.leading_zeros() as usize;
+        let lanes = |mask: u16| (u16::BITS - mask.leading_zeros()) as usize;
         let stores = vectors.dest.iter().zip(&vectors.masks);
         assert!(stores.clone().all(|(&d, &m)| d + lanes(m) <= h * w));
         // Vectors built for a wider unit would leave lanes unwritten.
