@@ -35,19 +35,24 @@ use rayon::prelude::*;
 
 /// Calls the entry point of the active tier, `$module::$avx512` or `$module::$avx2`, with the
 /// register tile of each tier for the packed channel tile `$tile` (`<C, R, P>`: `R` of the `C`
-/// channels × `P` 16-lane vectors of pixels): the forward passes' and the scatter's shapes.
+/// channels × `P` vectors of pixels): the forward passes' and the scatter's shapes.
 /// AVX-512: all `C` channels, the fastest shapes measured on 8×8 to 32×32 maps (8 × 3 vectors
 /// at 72% of the FMA peak, 6–10% above 8 × 2). AVX2 has 16 registers of 8 lanes, not 32 of 16:
-/// 4 or 6 channels × one vector.
+/// 4 or 6 channels × one 16-lane vector, or × `$avx2_vectors` vectors where its entry point
+/// computes in 8-lane ones (the same registers).
 macro_rules! by_channel_tile {
     ($tile:expr, $module:ident :: {$avx512:ident, $avx2:ident} ($($arg:expr),* $(,)?)) => {
+        by_channel_tile!($tile, 1, $module::{$avx512, $avx2}($($arg),*))
+    };
+    ($tile:expr, $avx2_vectors:literal, $module:ident :: {$avx512:ident, $avx2:ident}
+        ($($arg:expr),* $(,)?)) => {
         match ($crate::kernels::direct::avx512(), $tile) {
             (true, 8) => $module::$avx512::<8, 8, 3>($($arg),*),
             (true, 6) => $module::$avx512::<6, 6, 4>($($arg),*),
             (true, _) => $module::$avx512::<4, 4, 4>($($arg),*),
-            (false, 8) => $module::$avx2::<8, 4, 1>($($arg),*),
-            (false, 6) => $module::$avx2::<6, 6, 1>($($arg),*),
-            (false, _) => $module::$avx2::<4, 4, 1>($($arg),*),
+            (false, 8) => $module::$avx2::<8, 4, $avx2_vectors>($($arg),*),
+            (false, 6) => $module::$avx2::<6, 6, $avx2_vectors>($($arg),*),
+            (false, _) => $module::$avx2::<4, 4, $avx2_vectors>($($arg),*),
         }
     };
 }

@@ -161,7 +161,7 @@ mod tiles {
         let stores = vectors.dest.iter().zip(&vectors.masks);
         assert!(stores.clone().all(|(&d, &m)| d + lanes(m) <= h * w));
         // Vectors built for a wider unit would leave lanes unwritten.
-        assert!(vectors.masks.iter().all(|&m| u32::from(m) >> V::WIDTH == 0));
+        assert_eq!(vectors.unit, V::WIDTH, "row vectors of another width");
         let count = vectors.starts.len();
         let main = count - count % P;
         // SAFETY: the asserts bound every access: tap `(ky, kx)` of a vector reads `V::WIDTH`

@@ -20,6 +20,8 @@ pub(super) struct RowVectors {
     pub(super) dest: Vec<usize>,
     /// Its lanes that are pixels.
     pub(super) masks: Vec<u16>,
+    /// Lanes per vector ([`unit`] when built): the kernels' vector width must match it.
+    pub(super) unit: usize,
 }
 
 /// Lanes per [`RowVectors`] vector: one register of the tier, 16 on AVX-512 and 8 on AVX2.
@@ -40,6 +42,7 @@ impl RowVectors {
             starts: Vec::new(),
             dest: Vec::new(),
             masks: Vec::new(),
+            unit,
         };
         for r in 0..rows {
             for x0 in (0..width).step_by(unit) {
@@ -79,17 +82,12 @@ pub(super) fn forward_rows(
         // SAFETY: as in `forward_wide`; `Wide::reach` bounds the vectors' loads, and the stores
         // are masked to each row and to the `c_out` channels.
         unsafe {
-            // AVX-512: the tiles of `forward_wide`. AVX2, in 8-lane vectors: the same registers
-            // (4 channels × 2 vectors, or 6 × 2).
-            use tiles::{forward_rows_avx2 as avx2, forward_rows_avx512 as avx512};
-            match (super::avx512(), wide.channel_tile) {
-                (true, 8) => avx512::<8, 8, 3>(args, rows, c_out, out),
-                (true, 6) => avx512::<6, 6, 4>(args, rows, c_out, out),
-                (true, _) => avx512::<4, 4, 4>(args, rows, c_out, out),
-                (false, 8) => avx2::<8, 4, 2>(args, rows, c_out, out),
-                (false, 6) => avx2::<6, 6, 2>(args, rows, c_out, out),
-                (false, _) => avx2::<4, 4, 2>(args, rows, c_out, out),
-            }
+            // The tiles of `forward_wide`; on AVX2 in 8-lane vectors, two per 16 lanes.
+            by_channel_tile!(
+                wide.channel_tile,
+                2,
+                tiles::{forward_rows_avx512, forward_rows_avx2}(args, rows, c_out, out)
+            )
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -121,7 +119,7 @@ mod tiles {
     ) {
         let count = rows.starts.len();
         // Vectors built for a wider unit would leave lanes unwritten.
-        assert!(rows.masks.iter().all(|&m| u32::from(m) >> V::WIDTH == 0));
+        assert_eq!(rows.unit, V::WIDTH, "row vectors of another width");
         let main = count - count % P;
         // SAFETY: the caller upholds this function's contract.
         unsafe {
