@@ -456,20 +456,39 @@ const LINEAR_SHAPES: [(&str, [usize; 2]); 7] = [
     ("vgg16 fc2", [4096, 4096]),
 ];
 
+/// The MobileNets' depthwise layers `(channels, size, kernel, stride)` at 3×32×32 (and where
+/// their maps differ, 1×28×28): one per map size and kernel, large maps to the smallest.
+#[cfg(feature = "flex")]
+const DEPTHWISE_SHAPES: [(&str, [usize; 4]); 10] = [
+    ("mobilenet-v1 dw2", [128, 16, 3, 1]),
+    ("mobilenet-v1 dw4", [256, 8, 3, 1]),
+    ("mobilenet-v1 dw5 (stride 2)", [256, 8, 3, 2]),
+    ("mobilenet-v1 dw4 (1×28×28)", [256, 7, 3, 1]),
+    ("mobilenet-v1 dw6–dw10", [512, 4, 3, 1]),
+    ("mobilenet-v1 dw12", [1024, 2, 3, 1]),
+    ("mobilenet-v2 dw (576 @ 8×8)", [576, 8, 3, 1]),
+    ("mobilenet-v2 dw (960 @ 4×4)", [960, 4, 3, 1]),
+    ("mobilenet-v3 dw (240 @ 4×4, 5×5)", [240, 4, 5, 1]),
+    ("mobilenet-v3 dw (576 @ 2×2, 5×5)", [576, 2, 5, 1]),
+];
+
 /// `fl bench --kernels`: the thread pool's multiply-add peak, then each convolution shape's
 /// forward pass and gradients in GFLOP/s and as a share of that peak (batch 50, as training).
 /// With `layers`, only the shapes whose name contains one of them.
 pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Result<()> {
     #[cfg(feature = "flex")]
     {
-        use fl_models::kernels::roofline::{ConvShape, conv_rates, fma_peak_gflops, linear_rates};
+        use fl_models::kernels::roofline::{
+            ConvShape, DepthwiseShape, conv_rates, depthwise_rates, fma_peak_gflops, linear_rates,
+        };
         let threads = threads.unwrap_or_else(crate::config::default_threads);
         anyhow::ensure!(threads > 0, "--threads must be at least 1");
         let chosen =
             |name: &str| layers.is_empty() || layers.iter().any(|l| name.contains(l.as_str()));
         anyhow::ensure!(
             KERNEL_SHAPES.iter().any(|(name, _)| chosen(name))
-                || LINEAR_SHAPES.iter().any(|(name, _)| chosen(name)),
+                || LINEAR_SHAPES.iter().any(|(name, _)| chosen(name))
+                || DEPTHWISE_SHAPES.iter().any(|(name, _)| chosen(name)),
             "--layers {}: no layer of `fl bench --kernels` matches",
             layers.join(",")
         );
@@ -543,6 +562,31 @@ pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Resul
                 share(r.forward),
                 share(r.input_grad),
                 share(r.weight_grad)
+            );
+        }
+        let depthwise: Vec<_> = DEPTHWISE_SHAPES
+            .iter()
+            .filter(|(name, _)| chosen(name))
+            .collect();
+        if !depthwise.is_empty() {
+            println!(
+                "\n| depthwise layer | channels @ size, kernel, stride | path | forward GFLOP/s | input gradient | weight gradient | per-plane path: forward | input gradient | weight gradient |"
+            );
+            println!("|---|---|---|---|---|---|---|---|---|");
+        }
+        for (name, [channels, size, kernel, stride]) in depthwise {
+            let shape = DepthwiseShape {
+                channels: *channels,
+                size: *size,
+                kernel: *kernel,
+                stride: *stride,
+            };
+            let r = pool.install(|| depthwise_rates(shape, 50, 0.5));
+            let [f, i, w] = r.chosen.map(|v| format!("{v:.1}"));
+            let [pf, pi, pw] = r.planes.map(|v| format!("{v:.1}"));
+            println!(
+                "| {name} | {channels} @ {size}×{size}, {kernel}×{kernel}, {stride} | {} | {f} | {i} | {w} | {pf} | {pi} | {pw} |",
+                r.path
             );
         }
         Ok(())

@@ -206,6 +206,79 @@ pub fn conv_rates(shape: ConvShape, batch: usize, seconds: f64) -> ConvRate {
     }
 }
 
+/// A depthwise convolution for [`depthwise_rates`]: `channels` square maps, a square kernel
+/// with "same" padding (`kernel / 2`), stride `stride` (the MobileNets' spatial layers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DepthwiseShape {
+    /// Channels (one filter each).
+    pub channels: usize,
+    /// Input height and width.
+    pub size: usize,
+    /// Kernel height and width.
+    pub kernel: usize,
+    /// Stride along both axes.
+    pub stride: usize,
+}
+
+impl DepthwiseShape {
+    fn geometry(&self, batch: usize) -> Conv2dGeometry {
+        let pad = self.kernel / 2;
+        let out = (self.size + 2 * pad - self.kernel) / self.stride + 1;
+        Conv2dGeometry {
+            batch,
+            c_in: self.channels,
+            input: [self.size; 2],
+            c_out: self.channels,
+            kernel: [self.kernel; 2],
+            stride: [self.stride; 2],
+            pad_begin: [pad; 2],
+            output: [out; 2],
+        }
+    }
+
+    /// Multiply-adds of one pass over one sample (taps that read the padding count too).
+    pub fn macs(&self) -> usize {
+        self.channels * self.kernel * self.kernel * self.geometry(1).out_plane()
+    }
+}
+
+/// Throughput of a depthwise convolution's three passes (GFLOP/s of [`DepthwiseShape::macs`]):
+/// on the path the models take, and on the per-plane path, the one for large maps.
+#[derive(Debug, Clone, Copy)]
+pub struct DepthwiseRate {
+    /// The path the models take: `planes` or `channels in lanes`.
+    pub path: &'static str,
+    /// Forward pass, input gradient and weight gradient on `path`.
+    pub chosen: [f64; 3],
+    /// The same on the per-plane path.
+    pub planes: [f64; 3],
+}
+
+/// Times a depthwise convolution's forward pass and gradients on a batch of `batch` samples,
+/// on its path and on the per-plane one, each repeated for about `seconds` (the best of five
+/// windows), on the current rayon pool.
+pub fn depthwise_rates(shape: DepthwiseShape, batch: usize, seconds: f64) -> DepthwiseRate {
+    let g = shape.geometry(batch);
+    let x = fill(g.input_len() * batch, 1);
+    let w = fill(shape.channels * shape.kernel * shape.kernel, 2);
+    let dy = fill(g.output_len() * batch, 3);
+    let flops = 2.0 * (shape.macs() * batch) as f64;
+    let rates = |path: cpu::DepthwisePath| {
+        let rate = |pass: &dyn Fn()| best_rate(flops, seconds, pass);
+        [
+            rate(&|| drop(std::hint::black_box(cpu::forward_by(path, &g, &x, &w)))),
+            rate(&|| drop(std::hint::black_box(cpu::input_grad_by(path, &g, &w, &dy)))),
+            rate(&|| drop(std::hint::black_box(cpu::weight_grad_by(path, &g, &x, &dy)))),
+        ]
+    };
+    let path = cpu::DepthwisePath::of(&g);
+    DepthwiseRate {
+        path: path.name(),
+        chosen: rates(path),
+        planes: rates(cpu::DepthwisePath::Planes),
+    }
+}
+
 /// Throughput of a fully connected layer's three products (GFLOP/s of `batch · d_in · d_out`
 /// multiply-adds each), through the same entry points as training: the forward pass
 /// `x · W + b`, the input gradient `dy · Wᵀ` and the weight gradient `xᵀ · dy`.

@@ -19,10 +19,10 @@ use rayon::prelude::*;
 
 use std::mem::MaybeUninit;
 
-use super::Conv2dGeometry;
+use super::{Conv2dGeometry, depthwise_channels};
 
 /// Partial sums per weight-gradient tap (a fixed count, so every tier adds in the same order).
-const LANES: usize = 32;
+pub(super) const LANES: usize = 32;
 
 /// Outputs per register block of the forward pass and the input gradient: two AVX-512 vectors
 /// of sums, kept in registers over all the taps.
@@ -193,8 +193,49 @@ fn planes(g: &Conv2dGeometry) -> (usize, usize) {
     (g.input[0] * g.input[1], g.out_plane())
 }
 
+/// Which kernels run a depthwise convolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DepthwisePath {
+    /// One (sample, channel) plane at a time (this file).
+    Planes,
+    /// Small maps, vectorised across channels (`depthwise_channels.rs`).
+    Channels,
+}
+
+impl DepthwisePath {
+    /// The path for `g`: the planes' per-plane costs outweigh their sums on small maps.
+    pub(crate) fn of(g: &Conv2dGeometry) -> Self {
+        if depthwise_channels::applies(g) {
+            Self::Channels
+        } else {
+            Self::Planes
+        }
+    }
+
+    /// What `fl bench --kernels` calls it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Planes => "planes",
+            Self::Channels => "channels in lanes",
+        }
+    }
+}
+
 /// Depthwise forward pass (no bias): `x` is `[batch, c, h, w]`, `weight` `[c, 1, kh, kw]`.
 pub fn depthwise_forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
+    forward_by(DepthwisePath::of(g), g, x, weight)
+}
+
+/// [`depthwise_forward`] on a given path.
+pub(crate) fn forward_by(
+    path: DepthwisePath,
+    g: &Conv2dGeometry,
+    x: &[f32],
+    weight: &[f32],
+) -> Vec<f32> {
+    if path == DepthwisePath::Channels {
+        return depthwise_channels::forward(g, x, weight);
+    }
     let (in_plane, out_plane) = planes(g);
     let taps = g.kernel[0] * g.kernel[1];
     // SAFETY: the planes cover the output, and `forward_plane` writes every element of each
@@ -250,6 +291,19 @@ fn forward_plane_generic(
 
 /// Gradient of [`depthwise_forward`] with respect to its input.
 pub fn depthwise_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    input_grad_by(DepthwisePath::of(g), g, weight, dy)
+}
+
+/// [`depthwise_input_grad`] on a given path.
+pub(crate) fn input_grad_by(
+    path: DepthwisePath,
+    g: &Conv2dGeometry,
+    weight: &[f32],
+    dy: &[f32],
+) -> Vec<f32> {
+    if path == DepthwisePath::Channels {
+        return depthwise_channels::input_grad(g, weight, dy);
+    }
     let (in_plane, out_plane) = planes(g);
     let taps = g.kernel[0] * g.kernel[1];
     let mut dx = super::par_zeroed(g.batch * g.c_in * in_plane);
@@ -325,6 +379,19 @@ fn input_grad_plane_generic(
 
 /// Gradient of [`depthwise_forward`] with respect to its weight `[c, 1, kh, kw]`.
 pub fn depthwise_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    weight_grad_by(DepthwisePath::of(g), g, x, dy)
+}
+
+/// [`depthwise_weight_grad`] on a given path.
+pub(crate) fn weight_grad_by(
+    path: DepthwisePath,
+    g: &Conv2dGeometry,
+    x: &[f32],
+    dy: &[f32],
+) -> Vec<f32> {
+    if path == DepthwisePath::Channels {
+        return depthwise_channels::weight_grad(g, x, dy);
+    }
     let taps = g.kernel[0] * g.kernel[1];
     let mut dw = vec![0.0f32; g.c_in * taps];
     // Up to 8 channels per task, so each sample's planes of the group are one contiguous read

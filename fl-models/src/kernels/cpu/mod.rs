@@ -43,6 +43,7 @@ mod act;
 mod columns;
 pub(super) mod dense;
 mod depthwise;
+mod depthwise_channels;
 mod direct_wgrad;
 mod lanes;
 mod narrow;
@@ -59,6 +60,7 @@ pub use act::{
     activation_forward_in_place, add_activation, add_activation_in_place,
 };
 use columns::{col2im_add, col2im_add_strided, im2col, im2col_strided};
+pub(crate) use depthwise::{DepthwisePath, forward_by, input_grad_by, weight_grad_by};
 pub use depthwise::{depthwise_forward, depthwise_input_grad, depthwise_weight_grad};
 pub use norm::{
     NormGeometry, batch_norm_inference, batch_norm_inference_backward, batch_norm_train_backward,

@@ -432,6 +432,15 @@ fn depthwise_cases() -> Vec<Conv2dGeometry> {
         dw([1, 5, 2, 2], [3, 3], [1, 1], [(1, 1), (1, 1)]),
         // Channels over two weight-gradient groups and part of a third.
         dw([3, 19, 6, 6], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+        // The MobileNets' small maps (`depthwise_channels.rs`): 4×4 and 2×2, 7 → 4 at stride 2,
+        // channels over a block and part of another, an 8×8 map whose wide plane wraps the 32
+        // partial sums twice, 5×5 at stride 2, and the asymmetric case.
+        dw([3, 20, 4, 4], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+        dw([2, 32, 2, 2], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+        dw([2, 16, 7, 7], [3, 3], [2, 2], [(1, 1), (1, 1)]),
+        dw([2, 16, 8, 8], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+        dw([2, 24, 11, 11], [5, 5], [2, 2], [(2, 2), (2, 2)]),
+        dw([2, 17, 7, 10], [2, 4], [1, 3], [(1, 0), (0, 2)]),
     ]
 }
 
@@ -517,6 +526,8 @@ fn tap_ordered_depthwise_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) 
 
 #[test]
 fn depthwise_sums_run_in_tap_order() {
+    use depthwise::{DepthwisePath, forward_by, input_grad_by, weight_grad_by};
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     at_every_isa(|isa| {
         for g in depthwise_cases() {
             let taps = g.kernel[0] * g.kernel[1];
@@ -524,23 +535,22 @@ fn depthwise_sums_run_in_tap_order() {
             let w = values(g.c_in * taps, 32);
             let dy = values(g.batch * g.output_len(), 33);
             let [y, dx] = tap_ordered_depthwise(&g, &x, &w, &dy);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(
-                bits(&depthwise_forward(&g, &x, &w)),
-                bits(&y),
-                "{isa:?} {g:?}: y"
-            );
-            assert_eq!(
-                bits(&depthwise_input_grad(&g, &w, &dy)),
-                bits(&dx),
-                "{isa:?} {g:?}: dx"
-            );
             let dw = tap_ordered_depthwise_weight_grad(&g, &x, &dy);
-            assert_eq!(
-                bits(&depthwise_weight_grad(&g, &x, &dy)),
-                bits(&dw),
-                "{isa:?} {g:?}: dw"
-            );
+            // Both paths on every case, whichever `DepthwisePath::of` picks.
+            for path in [DepthwisePath::Planes, DepthwisePath::Channels] {
+                let at = format!("{isa:?} {path:?} {g:?}");
+                assert_eq!(bits(&forward_by(path, &g, &x, &w)), bits(&y), "{at}: y");
+                assert_eq!(
+                    bits(&input_grad_by(path, &g, &w, &dy)),
+                    bits(&dx),
+                    "{at}: dx"
+                );
+                assert_eq!(
+                    bits(&weight_grad_by(path, &g, &x, &dy)),
+                    bits(&dw),
+                    "{at}: dw"
+                );
+            }
         }
     });
 }
@@ -588,6 +598,14 @@ fn depthwise_and_activation_bits_do_not_depend_on_tier_or_threads() {
     let x = values(g.batch * g.input_len(), 31);
     let w = values(g.c_in * 9, 32);
     let dy = values(g.batch * g.output_len(), 33);
+    // A 4×4 output: the channels-in-lanes path, over two blocks of channels and part of a third.
+    let small = geometry([19, 40, 7, 7], [40, 3, 3], [2, 2], [(1, 1), (1, 1)]);
+    assert_eq!(
+        depthwise::DepthwisePath::of(&small),
+        depthwise::DepthwisePath::Channels
+    );
+    let small_x = values(small.batch * small.input_len(), 36);
+    let small_dy = values(small.batch * small.output_len(), 37);
     // The masks' edges too (NaN, ±0, 6, infinities), and a length that leaves tails of
     // every vector width.
     let edges = [
@@ -613,6 +631,9 @@ fn depthwise_and_activation_bits_do_not_depend_on_tier_or_threads() {
                     bits(depthwise_forward(&g, &x, &w)),
                     bits(depthwise_input_grad(&g, &w, &dy)),
                     bits(depthwise_weight_grad(&g, &x, &dy)),
+                    bits(depthwise_forward(&small, &small_x, &w)),
+                    bits(depthwise_input_grad(&small, &w, &small_dy)),
+                    bits(depthwise_weight_grad(&small, &small_x, &small_dy)),
                 ];
                 for act in [Activation::Relu, Activation::Relu6, Activation::HardSwish] {
                     let (y, dx) = (
