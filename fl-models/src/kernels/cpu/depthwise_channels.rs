@@ -90,6 +90,11 @@ impl Frame {
         (y * self.cols + x) * self.channels
     }
 
+    /// Where each tap of a `kernel` reads, from where the output's first tap reads.
+    fn tap_offsets(&self, [kh, kw]: [usize; 2]) -> Vec<usize> {
+        (0..kh * kw).map(|k| self.at(k / kw, k % kw)).collect()
+    }
+
     /// Writes one sample's `[c][h][w]` planes into the frame at its origin (only those pixels:
     /// the border keeps the zeros it was created with).
     #[inline(always)]
@@ -245,7 +250,7 @@ mod blocks {
 /// The weight `[c, 1, kh, kw]` tap-major, `[tap][channel]`, channels padded with zeros.
 fn taps_by_channel(g: &Conv2dGeometry, weight: &[f32]) -> Vec<f32> {
     let taps = g.kernel[0] * g.kernel[1];
-    let channels = g.c_in.next_multiple_of(LANES);
+    let channels = Frame::all_channels(g);
     let mut out = vec![0.0; taps * channels];
     for (c, w) in weight.chunks_exact(taps).enumerate() {
         for (k, &v) in w.iter().enumerate() {
@@ -272,10 +277,7 @@ best_isa! {
 pub(super) fn forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
     let w = taps_by_channel(g, weight);
     let channels = Frame::all_channels(g);
-    let frame = Frame::input(g, channels);
-    let offsets: Vec<usize> = (0..g.kernel[0] * g.kernel[1])
-        .map(|k| frame.at(k / g.kernel[1], k % g.kernel[1]))
-        .collect();
+    let offsets = Frame::input(g, channels).tap_offsets(g.kernel);
     let init = || (Frame::input(g, channels), Frame::output(g, channels));
     each_sample(
         g,
@@ -441,7 +443,7 @@ fn weight_grad_block_generic(g: &Conv2dGeometry, c: usize, x: &[f32], dy: &[f32]
     let ([oh, ow], [kh, kw], [sh, sw]) = (g.output, g.kernel, g.stride);
     let (taps, channels) = (kh * kw, dw.len() / (kh * kw));
     let (mut xf, mut dyf) = (Frame::input(g, LANES), Frame::output(g, LANES));
-    let offsets: Vec<usize> = (0..taps).map(|k| xf.at(k / kw, k % kw)).collect();
+    let offsets = xf.tap_offsets(g.kernel);
     // Every output in order: where it reads its output gradient and its first tap's input in
     // the frames, and its partial sums, by its position in `depthwise.rs`'s wide plane.
     let width = ((ow - 1) * sw + kw).div_ceil(sw);
