@@ -421,11 +421,16 @@ impl CpuKernelOps for Flex {
         std: FlexTensor,
     ) -> FlexTensor {
         let g = norm_geometry(&x);
-        let mut x = owned(x);
+        let mut x = contiguous(x);
         let [gamma, beta, mean, std] = [gamma, beta, mean, std].map(contiguous);
         let params = (slice(&gamma), slice(&beta), slice(&mean), slice(&std));
-        cpu::batch_norm_inference(&g, values_mut(&mut x).expect(OWNED), params);
-        x
+        if let Some(values) = values_mut(&mut x) {
+            cpu::batch_norm_inference(&g, values, params);
+            return x;
+        }
+        // Shared (a residual branch's input): one pass into a new buffer, not a copy and a pass.
+        let y = cpu::batch_norm_inference_into(&g, slice(&x), params);
+        FlexTensor::from_data(TensorData::new(y, x.shape()))
     }
 
     fn fl_batch_norm_inference_backward(

@@ -45,6 +45,7 @@ pub(super) mod dense;
 mod depthwise;
 mod depthwise_channels;
 mod direct_wgrad;
+mod gemm;
 mod lanes;
 mod narrow;
 mod norm;
@@ -62,9 +63,10 @@ pub use act::{
 use columns::{col2im_add, col2im_add_strided, im2col, im2col_strided};
 pub(crate) use depthwise::{DepthwisePath, forward_by, input_grad_by, weight_grad_by};
 pub use depthwise::{depthwise_forward, depthwise_input_grad, depthwise_weight_grad};
+use gemm::{common_depth_block, gemm_depth_block, matmul, matmul_uninit};
 pub use norm::{
-    NormGeometry, batch_norm_inference, batch_norm_inference_backward, batch_norm_train_backward,
-    batch_norm_train_forward,
+    NormGeometry, batch_norm_inference, batch_norm_inference_backward, batch_norm_inference_into,
+    batch_norm_train_backward, batch_norm_train_forward,
 };
 pub(crate) use path::kernel_paths;
 use path::{PassPath, WeightGradPath};
@@ -275,108 +277,6 @@ pub(super) fn sum(values: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + rest
 }
 
-/// Rows of gemm's register tile for `f32`, which its depth blocks depend on: 4 vectors of 16
-/// where the CPU has AVX-512F (`gemm` is built with `x86-v4`, and picks its kernel from the CPU,
-/// not from [`super::isa`]'s cap), else 2 vectors of 8 (its FMA kernel).
-fn gemm_mr() -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
-        return 64;
-    }
-    16
-}
-/// Columns of that register tile (both kernels).
-const GEMM_NR: usize = 6;
-
-/// The depth block [`matmul`]'s gemm uses for an `m × n` product over `k` (`gemm-common`'s
-/// `gemm_basic_generic`: small products take blocks of 512, others `kernel_params`'s). Each
-/// output is a chain over one block, added onto the output block by block: two products with
-/// the same depth blocks sum every output in the same order.
-fn gemm_depth_block(m: usize, n: usize, k: usize) -> usize {
-    if m <= 64 && n <= 64 {
-        k.min(512)
-    } else {
-        gemm_common::cache::kernel_params(m, n, k, gemm_mr(), GEMM_NR, size_of::<f32>()).kc
-    }
-}
-
-/// The depth block of `m × n` products over `k` for every width `n` in `widths`, if it is the
-/// same for all of them (then they sum every output in the same order), else `None`.
-fn common_depth_block(m: usize, widths: &[usize], k: usize) -> Option<usize> {
-    let kc = gemm_depth_block(m, *widths.first()?, k);
-    widths
-        .iter()
-        .all(|&n| gemm_depth_block(m, n, k) == kc)
-        .then_some(kc)
-}
-
-/// `dst (m×n) = [dst +] lhs (m×k) · rhs (k×n)`, each matrix given as (slice, row stride, column
-/// stride), so transposes are free. Single-threaded: callers parallelise over samples.
-///
-/// gemm wants the output's contiguous dimension to be m and the left operand contiguous along m
-/// too, and otherwise packs (copies) it; callers orient their products so that the large
-/// operand (the column matrix) never needs packing.
-fn matmul(
-    [m, n, k]: [usize; 3],
-    (dst, dst_rs, dst_cs): (&mut [f32], usize, usize),
-    accumulate: bool,
-    (lhs, lhs_rs, lhs_cs): (&[f32], usize, usize),
-    (rhs, rhs_rs, rhs_cs): (&[f32], usize, usize),
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            for i in 0..m {
-                for j in 0..n {
-                    dst[i * dst_rs + j * dst_cs] = 0.0;
-                }
-            }
-        }
-        return;
-    }
-    // The largest element each operand's strides reach must lie inside its slice: this is the
-    // whole safety argument for the raw-pointer call below.
-    assert!(
-        (m - 1) * dst_rs + (n - 1) * dst_cs < dst.len(),
-        "matmul: dst too short"
-    );
-    assert!(
-        (m - 1) * lhs_rs + (k - 1) * lhs_cs < lhs.len(),
-        "matmul: lhs too short"
-    );
-    assert!(
-        (k - 1) * rhs_rs + (n - 1) * rhs_cs < rhs.len(),
-        "matmul: rhs too short"
-    );
-    // SAFETY: the asserts above bound every index gemm computes from these strides; `dst` is an
-    // exclusive borrow, and the operands are shared borrows that do not alias it.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            dst_cs as isize,
-            dst_rs as isize,
-            accumulate,
-            lhs.as_ptr(),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
-
 impl Conv2dGeometry {
     /// Whether to accumulate the weight gradient transposed (`[rows, c_out]`, column-major).
     /// gemm wants its output contiguous along m and its left operand too: in the weight
@@ -475,27 +375,31 @@ fn im2col_conv2d_forward_grouped(
     bias: Option<&[f32]>,
     group: usize,
 ) -> Vec<f32> {
-    let mut y = par_zeroed(g.batch * g.output_len());
     if g.output_len() == 0 || g.input_len() == 0 {
-        return y;
-    }
-    if group == 1 {
-        y.par_chunks_mut(g.output_len())
-            .zip(x.par_chunks(g.input_len()))
-            .for_each_init(
-                || g.col_buffer(),
-                |col, (y_n, x_n)| forward_sample(g, x_n, weight, bias, col, y_n),
-            );
-        return y;
+        return par_zeroed(g.batch * g.output_len());
     }
     let width = group * g.out_plane();
-    y.par_chunks_mut(group * g.output_len())
-        .zip(x.par_chunks(group * g.input_len()))
-        .for_each_init(
-            || (vec![0.0; g.col_rows() * width], vec![0.0; g.c_out * width]),
-            |(col, out), (y_g, x_g)| forward_group(g, x_g, weight, bias, col, out, y_g),
-        );
-    y
+    // SAFETY: each sample's (or group's) output is written whole: bias then the accumulated
+    // product, or the product alone, or the group's product copied out plane by plane.
+    unsafe {
+        written_whole(g.batch * g.output_len(), |y| {
+            if group == 1 {
+                y.par_chunks_mut(g.output_len())
+                    .zip(x.par_chunks(g.input_len()))
+                    .for_each_init(
+                        || g.col_buffer(),
+                        |col, (y_n, x_n)| forward_sample(g, x_n, weight, bias, col, y_n),
+                    );
+                return;
+            }
+            y.par_chunks_mut(group * g.output_len())
+                .zip(x.par_chunks(group * g.input_len()))
+                .for_each_init(
+                    || (vec![0.0; g.col_rows() * width], vec![0.0; g.c_out * width]),
+                    |(col, out), (y_g, x_g)| forward_group(g, x_g, weight, bias, col, out, y_g),
+                );
+        })
+    }
 }
 
 /// The forward pass of a few samples as one gemm: their column matrices side by side
@@ -509,7 +413,7 @@ fn forward_group(
     bias: Option<&[f32]>,
     col: &mut [f32],
     out: &mut [f32],
-    y_g: &mut [f32],
+    y_g: &mut [MaybeUninit<f32>],
 ) {
     let (rows, plane) = (g.col_rows(), g.out_plane());
     let width = x_g.len() / g.input_len() * plane;
@@ -531,7 +435,7 @@ fn forward_group(
     );
     for (j, y_n) in y_g.chunks_exact_mut(g.output_len()).enumerate() {
         for (o, dst) in y_n.chunks_exact_mut(plane).enumerate() {
-            copy_short(dst, &out[o * width + j * plane..][..plane]);
+            copy_short_uninit(dst, &out[o * width + j * plane..][..plane]);
         }
     }
 }
@@ -543,27 +447,29 @@ fn forward_sample(
     weight: &[f32],
     bias: Option<&[f32]>,
     col: &mut [f32],
-    y_n: &mut [f32],
+    y_n: &mut [MaybeUninit<f32>],
 ) {
     let (rows, out_plane) = (g.col_rows(), g.out_plane());
-    if let Some(bias) = bias {
-        for (plane, &b) in y_n.chunks_mut(out_plane).zip(bias) {
-            plane.fill(b);
-        }
-    }
     let cols: &[f32] = if g.is_pointwise() {
         x_n
     } else {
         im2col(g, x_n, col);
         col
     };
-    matmul(
+    let (dims, lhs, rhs) = (
         [g.c_out, out_plane, rows],
-        (y_n, out_plane, 1),
-        bias.is_some(),
         (weight, rows, 1),
         (cols, out_plane, 1),
     );
+    let Some(bias) = bias else {
+        return matmul_uninit(dims, (y_n, out_plane, 1), lhs, rhs);
+    };
+    for (plane, &b) in y_n.chunks_mut(out_plane).zip(bias) {
+        plane.fill(MaybeUninit::new(b));
+    }
+    // SAFETY: every element was just written (the bias of its channel).
+    let y_n = unsafe { &mut *(y_n as *mut [MaybeUninit<f32>] as *mut [f32]) };
+    matmul(dims, (y_n, out_plane, 1), true, lhs, rhs);
 }
 
 /// Input gradient: `dx[n] = col2im(Wᵀ · dy[n])`.

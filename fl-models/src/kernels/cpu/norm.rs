@@ -304,9 +304,33 @@ fn inference_generic(plane: usize, x: &mut [f32], params: (&[f32], &[f32], &[f32
     for (c, x) in x.chunks_mut(plane).enumerate() {
         let (m, s, g, b) = (mean[c], std[c], gamma[c], beta[c]);
         for x in x.iter_mut() {
-            *x = ((*x - m) / s) * g + b;
+            *x = normalized(*x, m, s, g, b);
         }
     }
+}
+
+/// [`inference_generic`] from `x` into `y` (written whole).
+#[inline(always)]
+fn inference_into_generic(
+    plane: usize,
+    x: &[f32],
+    y: &mut [MaybeUninit<f32>],
+    params: (&[f32], &[f32], &[f32], &[f32]),
+) {
+    assert_eq!(x.len(), y.len(), "batch norm: output length");
+    let (gamma, beta, mean, std) = params;
+    for (c, (y, x)) in y.chunks_mut(plane).zip(x.chunks(plane)).enumerate() {
+        let (m, s, g, b) = (mean[c], std[c], gamma[c], beta[c]);
+        for (y, &x) in y.iter_mut().zip(x) {
+            y.write(normalized(x, m, s, g, b));
+        }
+    }
+}
+
+/// One value of the inference pass, as Burn's `batch_norm` composes it.
+#[inline(always)]
+fn normalized(x: f32, m: f32, s: f32, g: f32, b: f32) -> f32 {
+    ((x - m) / s) * g + b
 }
 
 /// `(dy · γ) · (1 / std)` over one sample, in place: the input gradient as Burn's autodiff
@@ -325,6 +349,15 @@ best_isa! {
     fn inference_sample => inference_generic(
         plane: usize,
         x: &mut [f32],
+        params: (&[f32], &[f32], &[f32], &[f32])
+    )
+}
+
+best_isa! {
+    fn inference_into_sample => inference_into_generic(
+        plane: usize,
+        x: &[f32],
+        y: &mut [MaybeUninit<f32>],
         params: (&[f32], &[f32], &[f32], &[f32])
     )
 }
@@ -349,6 +382,24 @@ pub fn batch_norm_inference(
     let sample = (g.channels * g.plane).max(1);
     x.par_chunks_mut(sample)
         .for_each(|x| inference_sample(g.plane, x, (gamma, beta, mean, std)));
+}
+
+/// [`batch_norm_inference`] of `x` into a new buffer (one pass: for an input something else
+/// still holds, which in place would need a copy first).
+pub fn batch_norm_inference_into(
+    g: &NormGeometry,
+    x: &[f32],
+    (gamma, beta, mean, std): (&[f32], &[f32], &[f32], &[f32]),
+) -> Vec<f32> {
+    let sample = (g.channels * g.plane).max(1);
+    // SAFETY: the chunks cover the buffer, and each sample's is written whole.
+    unsafe {
+        super::written_whole(x.len(), |y| {
+            y.par_chunks_mut(sample)
+                .zip(x.par_chunks(sample))
+                .for_each(|(y, x)| inference_into_sample(g.plane, x, y, (gamma, beta, mean, std)))
+        })
+    }
 }
 
 /// The input gradient of [`batch_norm_inference`], overwriting the output gradient in `grad`.
