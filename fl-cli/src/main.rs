@@ -127,8 +127,8 @@ enum Command {
         quick: bool,
         /// Run Burn's own ops instead of fl-models' CPU kernels, for an A/B comparison on
         /// flex: all of them (`--burn-kernels`), or some (`--burn-kernels=depthwise,activation`;
-        /// kernels: conv, depthwise, max-pool, batch-norm, activation, linear, optimizer,
-        /// eval-chunks).
+        /// kernels: conv, depthwise, max-pool, avg-pool, batch-norm, activation, linear,
+        /// optimizer, eval-chunks).
         #[arg(
             long,
             value_name = "KERNELS",

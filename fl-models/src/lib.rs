@@ -14,7 +14,7 @@ macro_rules! classifier_from_parts {
             fn represent(&self, images: burn::tensor::Tensor<4>) -> burn::tensor::Tensor<2> {
                 let last = self.block_specs.len() - 1;
                 let x = $crate::common::run_blocks(self, 0..last, fl_core::Features::Map(images));
-                self.pool.forward(x.into_map()).flatten(1, 3)
+                $crate::kernels::adaptive_avg_pool2d_forward(&self.pool, x.into_map()).flatten(1, 3)
             }
 
             /// The FC layer.

@@ -1,6 +1,6 @@
 //! MobileNetV1, V2 and V3-Small with CIFAR-sized strides (32×32 inputs keep a useful map size).
 
-use crate::kernels::{batch_norm_forward, conv2d_forward};
+use crate::kernels::{adaptive_avg_pool2d_forward, batch_norm_forward, conv2d_forward};
 use crate::kernels::{linear, relu};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
@@ -77,7 +77,10 @@ impl SqueezeExcite {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let scale = relu(conv2d_forward(&self.down, self.pool.forward(x.clone())));
+        let scale = relu(conv2d_forward(
+            &self.down,
+            adaptive_avg_pool2d_forward(&self.pool, x.clone()),
+        ));
         let scale = hard_sigmoid(conv2d_forward(&self.up, scale), 1.0 / 6.0, 0.5);
         x * scale
     }
@@ -391,7 +394,7 @@ impl Classifier for MobileNet {
         let last = self.num_blocks() - 1;
         let x = (0..last).fold(Features::Map(images), |x, i| self.forward_block(i, x));
         Some(match x {
-            Features::Map(map) => self.pool.forward(map).flatten(1, 3),
+            Features::Map(map) => adaptive_avg_pool2d_forward(&self.pool, map).flatten(1, 3),
             Features::Flat(x) => x,
         })
     }
@@ -430,7 +433,9 @@ impl BlockForward for MobileNet {
             i -= 1;
         }
         let mut x = match x {
-            Features::Map(map) if i == 0 => self.pool.forward(map).flatten(1, 3),
+            Features::Map(map) if i == 0 => {
+                adaptive_avg_pool2d_forward(&self.pool, map).flatten(1, 3)
+            }
             x => x.into_flat(),
         };
         let last = self.fc.len() - 1;

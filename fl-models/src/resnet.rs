@@ -1,7 +1,9 @@
 //! ResNet-20 as published (He et al. 2016) and as the FedMR authors ran it.
 
+use crate::kernels::{
+    adaptive_avg_pool2d_forward, batch_norm_forward, conv2d_forward, max_pool2d_forward,
+};
 use crate::kernels::{add, add_relu, relu};
-use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2dConfig};
@@ -195,7 +197,9 @@ impl BlockForward for ResNet20 {
         }
         match self.units.get(index - 1) {
             Some(unit) => Features::Map(unit.forward(x.into_map())),
-            None => Features::Flat(self.classify(self.pool.forward(x.into_map()).flatten(1, 3))),
+            None => Features::Flat(
+                self.classify(adaptive_avg_pool2d_forward(&self.pool, x.into_map()).flatten(1, 3)),
+            ),
         }
     }
 }
@@ -324,7 +328,9 @@ impl BlockForward for ResNet20Ref {
         }
         match self.units.get(index - 1) {
             Some(unit) => Features::Map(unit.forward(x.into_map())),
-            None => Features::Flat(self.classify(self.pool.forward(x.into_map()).flatten(1, 3))),
+            None => Features::Flat(
+                self.classify(adaptive_avg_pool2d_forward(&self.pool, x.into_map()).flatten(1, 3)),
+            ),
         }
     }
 }

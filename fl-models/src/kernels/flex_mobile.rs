@@ -1,6 +1,6 @@
-//! The MobileNets' kernels as a second Burn backend extension: depthwise convolutions and the
+//! The MobileNets' kernels as a second Burn backend extension: depthwise convolutions, the
 //! fused ReLU6 / hard-swish activations (and both ResNet-20s' residual additions, with or
-//! without their ReLU), with their own backward passes for autodiff.
+//! without their ReLU) and global average pooling, with their own backward passes for autodiff.
 
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -60,6 +60,13 @@ pub trait MobileKernelOps: Backend {
         b: FloatTensor<Self>,
         act: Activation,
     ) -> FloatTensor<Self>;
+    /// Global average pooling, `[n, c, h, w]` → `[n, c, 1, 1]`: Burn's adaptive average pooling
+    /// to 1 × 1, bit for bit.
+    fn fl_global_avg_pool(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// Gradient of [`fl_global_avg_pool`](MobileKernelOps::fl_global_avg_pool) with respect
+    /// to its input of `[h, w]` pixels per plane.
+    fn fl_global_avg_pool_backward(grad: FloatTensor<Self>, input: [usize; 2])
+    -> FloatTensor<Self>;
 }
 
 /// The geometry of a depthwise convolution the kernels handle (groups = input channels =
@@ -110,6 +117,19 @@ pub(super) fn add_activation<const D: usize>(
         a.into_dispatch(),
         b.into_dispatch(),
         act,
+    ))
+}
+
+/// Whether the global average pooling handles this tensor: `f32` on flex, non-empty planes.
+pub(super) fn handles_global_avg_pool(x: &Tensor<4>) -> bool {
+    let [_, _, h, w] = x.dims();
+    h * w > 0 && handles(x)
+}
+
+/// Runs [`MobileKernelOps::fl_global_avg_pool`] through Burn's dispatch.
+pub(super) fn global_avg_pool(x: Tensor<4>) -> Tensor<4> {
+    Tensor::from_dispatch(<Dispatch as MobileKernelOps>::fl_global_avg_pool(
+        x.into_dispatch(),
     ))
 }
 
@@ -188,6 +208,21 @@ impl MobileKernelOps for Flex {
         }
         let y = cpu::add_activation(act, slice(&a), slice(&b));
         FlexTensor::from_data(TensorData::new(y, a.shape()))
+    }
+
+    fn fl_global_avg_pool(x: FlexTensor) -> FlexTensor {
+        let x = contiguous(x);
+        let [n, c, h, w] = dims4(&x.shape());
+        flex_tensor(cpu::global_avg_pool_forward(h * w, slice(&x)), [n, c, 1, 1])
+    }
+
+    fn fl_global_avg_pool_backward(grad: FlexTensor, [h, w]: [usize; 2]) -> FlexTensor {
+        let grad = contiguous(grad);
+        let [n, c, _, _] = dims4(&grad.shape());
+        flex_tensor(
+            cpu::global_avg_pool_backward(h * w, slice(&grad)),
+            [n, c, h, w],
+        )
     }
 }
 
@@ -280,6 +315,21 @@ impl<B: Backend + MobileKernelOps> Backward<B, 2> for AddActivationBackward {
             }
             [Some(node), None] | [None, Some(node)] => grads.register::<B>(node.id, grad),
             [None, None] => {}
+        }
+    }
+}
+
+/// Global average pooling's autodiff node: state the input's plane size.
+#[derive(Debug)]
+struct GlobalAvgPoolBackward;
+
+impl<B: Backend + MobileKernelOps> Backward<B, 1> for GlobalAvgPoolBackward {
+    type State = [usize; 2];
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::fl_global_avg_pool_backward(grad, ops.state));
         }
     }
 }
@@ -383,5 +433,26 @@ impl<B: Backend + MobileKernelOps, C: CheckpointStrategy> MobileKernelOps for Au
                 act,
             )),
         }
+    }
+
+    fn fl_global_avg_pool(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let [_, _, h, w] = dims4(&x.shape());
+        match GlobalAvgPoolBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                prep.finish([h, w], B::fl_global_avg_pool(x.into_primitive()))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::fl_global_avg_pool(x.into_primitive())),
+        }
+    }
+
+    fn fl_global_avg_pool_backward(
+        _grad: FloatTensor<Self>,
+        _input: [usize; 2],
+    ) -> FloatTensor<Self> {
+        unimplemented!("second-order gradients of the global average pooling")
     }
 }

@@ -37,128 +37,17 @@ pub(crate) mod isa;
 mod lanes16;
 #[cfg(feature = "flex")]
 pub mod roofline;
+mod switches;
 
 pub use isa::{Isa, set_max_isa};
-
-use std::sync::atomic::{AtomicU8, Ordering};
+pub use switches::{Kernel, enabled, kernel_enabled, set_enabled, set_kernel_enabled};
 
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
-use burn::nn::pool::MaxPool2d;
+use burn::nn::pool::{AdaptiveAvgPool2d, MaxPool2d};
 use burn::nn::{BatchNorm, Linear};
 use burn::tensor::Tensor;
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
-
-/// One family of the CPU kernels, switched on and off on its own for A/B comparisons
-/// (`fl bench --burn-kernels=LIST`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kernel {
-    /// Dense 2-D convolutions (direct and im2col; grouped ones other than depthwise stay Burn's).
-    Conv,
-    /// Depthwise convolutions (groups = channels).
-    Depthwise,
-    /// Max-pooling.
-    MaxPool,
-    /// BatchNorm, training and inference passes.
-    BatchNorm,
-    /// ReLU, ReLU6 and hard-swish.
-    Activation,
-    /// Fully connected layers (bitwise Burn's; only the output copy of flex's product is gone).
-    Linear,
-    /// The optimiser step: [`fl_core::trainer::FusedSgd`]'s and [`fl_core::trainer::FusedAdam`]'s
-    /// one parallel pass per parameter (bitwise Burn's `Sgd` and `Adam`).
-    Optimizer,
-    /// Evaluation in chunks of the batch, block by block (`common::infer_in_chunks`).
-    EvalChunks,
-}
-
-impl Kernel {
-    /// Every kernel family.
-    pub const ALL: [Kernel; 8] = [
-        Kernel::Conv,
-        Kernel::Depthwise,
-        Kernel::MaxPool,
-        Kernel::BatchNorm,
-        Kernel::Activation,
-        Kernel::Linear,
-        Kernel::Optimizer,
-        Kernel::EvalChunks,
-    ];
-
-    /// The name `fl bench --burn-kernels` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernel::Conv => "conv",
-            Kernel::Depthwise => "depthwise",
-            Kernel::MaxPool => "max-pool",
-            Kernel::BatchNorm => "batch-norm",
-            Kernel::Activation => "activation",
-            Kernel::Linear => "linear",
-            Kernel::Optimizer => "optimizer",
-            Kernel::EvalChunks => "eval-chunks",
-        }
-    }
-
-    fn bit(self) -> u8 {
-        1 << self as u8
-    }
-}
-
-impl std::str::FromStr for Kernel {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Kernel::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
-                format!("unknown kernel '{s}' (known: {}, all)", names.join(", "))
-            })
-    }
-}
-
-impl std::fmt::Display for Kernel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The kernel families that are on, one bit each.
-static ENABLED: AtomicU8 = AtomicU8::new(u8::MAX);
-
-/// Turns every kernel on (the default) or off for the whole process: off, every function here
-/// calls Burn's own op. For A/B comparisons (`fl bench --burn-kernels`); results differ only by
-/// floating-point summation order (and ReLU6's gradient at exactly 0 and 6).
-pub fn set_enabled(enabled: bool) {
-    ENABLED.store(if enabled { u8::MAX } else { 0 }, Ordering::Relaxed);
-    fl_core::trainer::set_fused_optimizers(enabled);
-}
-
-/// Turns one kernel family on or off for the whole process (see [`set_enabled`]).
-pub fn set_kernel_enabled(kernel: Kernel, enabled: bool) {
-    if kernel == Kernel::Optimizer {
-        fl_core::trainer::set_fused_optimizers(enabled);
-    }
-    if enabled {
-        ENABLED.fetch_or(kernel.bit(), Ordering::Relaxed);
-    } else {
-        ENABLED.fetch_and(!kernel.bit(), Ordering::Relaxed);
-    }
-}
-
-/// Whether `kernel` is on; always `false` without the `flex` feature.
-pub fn kernel_enabled(kernel: Kernel) -> bool {
-    let on = match kernel {
-        Kernel::Optimizer => fl_core::trainer::fused_optimizers(),
-        _ => ENABLED.load(Ordering::Relaxed) & kernel.bit() != 0,
-    };
-    cfg!(feature = "flex") && on
-}
-
-/// Whether every kernel is on (see [`set_enabled`]); always `false` without the `flex` feature.
-pub fn enabled() -> bool {
-    Kernel::ALL.into_iter().all(kernel_enabled)
-}
 
 /// Whether evaluation may run `images`' feature-map blocks in chunks of the batch: on flex, with
 /// chunked evaluation and every kernel family that evaluation runs on (Burn's own convolution
@@ -346,6 +235,19 @@ pub fn conv2d_forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
     )
 }
 
+/// Burn's [`AdaptiveAvgPool2d::forward`], bit for bit: on the flex kernel where the output is
+/// 1 × 1 (global average pooling), else Burn's own op.
+pub fn adaptive_avg_pool2d_forward(pool: &AdaptiveAvgPool2d, x: Tensor<4>) -> Tensor<4> {
+    #[cfg(feature = "flex")]
+    if pool.output_size == [1, 1]
+        && kernel_enabled(Kernel::AvgPool)
+        && flex_mobile::handles_global_avg_pool(&x)
+    {
+        return flex_mobile::global_avg_pool(x);
+    }
+    pool.forward(x)
+}
+
 /// Burn's [`MaxPool2d::forward`] on the fast kernel: the same options.
 pub fn max_pool2d_forward(pool: &MaxPool2d, x: Tensor<4>) -> Tensor<4> {
     let [_, _, h, w] = x.dims();
@@ -458,6 +360,53 @@ mod tests {
             let g_burn = (burns * probe).sum().backward();
             close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
         }
+    }
+
+    /// Global average pooling is Burn's adaptive average pooling to 1 × 1 bit for bit, output
+    /// and input gradient (a −0 output gradient included), with and without autodiff, over more
+    /// planes than one task takes; other output sizes run Burn's op.
+    #[test]
+    fn global_average_pooling_is_burns_bit_for_bit() {
+        use burn::nn::pool::AdaptiveAvgPool2dConfig;
+        let bits = |t: Tensor<4>| -> Vec<u32> {
+            let v = t.into_data().try_to_vec::<f32>().unwrap();
+            v.into_iter().map(f32::to_bits).collect()
+        };
+        let normal = Distribution::Normal(0.5, 2.0);
+        let device = Device::flex().autodiff();
+        let pool = AdaptiveAvgPool2dConfig::new([1, 1]).init();
+        for shape in [
+            [2, 3, 1, 1],
+            [3, 5, 2, 2],
+            [2, 4, 7, 7],
+            [3, 200, 4, 4],
+            [1, 2, 8, 8],
+        ] {
+            let x = Tensor::<4>::random(shape, normal, &device).require_grad();
+            let ours = adaptive_avg_pool2d_forward(&pool, x.clone());
+            let burns = pool.forward(x.clone());
+            assert_eq!(bits(ours.clone()), bits(burns.clone()), "{shape:?}");
+            let mut probe = Tensor::<4>::random(burns.dims(), normal, &device);
+            probe = probe.slice_assign(
+                [0..1, 0..1, 0..1, 0..1],
+                Tensor::full([1, 1, 1, 1], -0.0, &device),
+            );
+            let g_ours = (ours * probe.clone()).sum().backward();
+            let g_burn = (burns * probe).sum().backward();
+            let (a, b) = (x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
+            assert_eq!(bits(a), bits(b), "{shape:?}: gradient");
+            let plain = x.inner();
+            let ours = adaptive_avg_pool2d_forward(&pool, plain.clone());
+            assert_eq!(
+                bits(ours),
+                bits(pool.forward(plain)),
+                "{shape:?} without autodiff"
+            );
+        }
+        let pool = AdaptiveAvgPool2dConfig::new([2, 2]).init();
+        let x = Tensor::<4>::random([2, 3, 5, 5], normal, &device);
+        let ours = adaptive_avg_pool2d_forward(&pool, x.clone());
+        assert_eq!(bits(ours), bits(pool.forward(x)));
     }
 
     /// Training-mode batch norm: output, all three gradients and the running statistics agree

@@ -40,6 +40,7 @@ macro_rules! best_isa {
 }
 
 mod act;
+mod avg_pool;
 mod columns;
 pub(super) mod dense;
 mod depthwise;
@@ -60,6 +61,7 @@ pub use act::{
     activation_backward, activation_backward_in_place, activation_forward,
     activation_forward_in_place, add_activation, add_activation_in_place,
 };
+pub use avg_pool::{global_avg_pool_backward, global_avg_pool_forward};
 use columns::{col2im_add, col2im_add_strided, im2col, im2col_strided};
 pub(crate) use depthwise::{DepthwisePath, forward_by, input_grad_by, weight_grad_by};
 pub use depthwise::{depthwise_forward, depthwise_input_grad, depthwise_weight_grad};
