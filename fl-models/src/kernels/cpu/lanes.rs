@@ -23,9 +23,11 @@
 //! weights). Threads split samples and channels; no sum crosses a task, so the result does not
 //! depend on their number.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
-use super::{Aligned, Conv2dGeometry, common_depth_block, par_zeroed};
+use super::{Aligned, Conv2dGeometry, common_depth_block, written_whole};
 use crate::kernels::isa::{Isa, uses};
 
 /// Samples per vector ([`Lanes16`](crate::kernels::lanes16::Lanes16): one AVX-512 register or two AVX2 ones).
@@ -174,24 +176,26 @@ fn to_lanes(
 /// group per task (transposed in registers like [`to_lanes`]).
 fn from_lanes(tiled: &[f32], batch: usize, channels: usize, pixels: usize) -> Vec<f32> {
     let tile_stride = batch.div_ceil(LANES) * pixels * TILE * LANES;
-    let mut out = par_zeroed(batch * channels * pixels);
-    out.par_chunks_mut(LANES * channels * pixels)
-        .enumerate()
-        .for_each(|(group, dst)| {
-            let src = &tiled[group * pixels * TILE * LANES..];
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: this kernel runs only where `applies` checked the tier; `src` starts at
-            // the group's first tile, the others `tile_stride` floats apart, for `dst`'s
-            // samples.
-            unsafe {
-                if uses(Isa::Avx512) {
-                    tiles::from_lanes_avx512(src, [channels, pixels], tile_stride, dst);
-                } else {
-                    tiles::from_lanes_avx2(src, [channels, pixels], tile_stride, dst);
+    let fill = |out: &mut [MaybeUninit<f32>]| {
+        out.par_chunks_mut(LANES * channels * pixels)
+            .enumerate()
+            .for_each(|(group, dst)| {
+                let src = &tiled[group * pixels * TILE * LANES..];
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: this kernel runs only where `applies` checked the tier; `src` starts at
+                // the group's first tile, the others `tile_stride` floats apart, for `dst`'s
+                // samples.
+                unsafe {
+                    if uses(Isa::Avx512) {
+                        tiles::from_lanes_avx512(src, [channels, pixels], tile_stride, dst);
+                    } else {
+                        tiles::from_lanes_avx2(src, [channels, pixels], tile_stride, dst);
+                    }
                 }
-            }
-        });
-    out
+            })
+    };
+    // SAFETY: each group's task writes every float of its samples (`from_lanes_group`).
+    unsafe { written_whole(batch * channels * pixels, fill) }
 }
 
 /// The forward pass, the same contract and bits as `cpu::conv2d_forward` (with `order` from

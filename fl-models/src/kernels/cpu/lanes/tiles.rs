@@ -1,6 +1,8 @@
 //! The kernels across samples, written once over
 //! [`Lanes16`](crate::kernels::lanes16::Lanes16) and compiled for each tier (`tier_entries!`).
 
+use std::mem::MaybeUninit;
+
 use super::super::first_lanes;
 use super::{CHUNK_BYTES, CHUNK_BYTES_AVX2, Conv2dGeometry, LANES, Order, TILE, valid_taps};
 use crate::kernels::isa::{Isa, uses};
@@ -13,7 +15,8 @@ tier_entries!(to_lanes_avx512, to_lanes_avx2 =>
     to_lanes_group<>(src: &[f32], per_sample: usize, dst: &mut [f32],
         at: impl Fn(usize) -> usize));
 tier_entries!(from_lanes_avx512, from_lanes_avx2 =>
-    from_lanes_group<>(src: &[f32], shape: [usize; 2], tile_stride: usize, dst: &mut [f32]));
+    from_lanes_group<>(src: &[f32], shape: [usize; 2], tile_stride: usize,
+        dst: &mut [MaybeUninit<f32>]));
 tier_entries!(forward_avx512, forward_avx2 =>
     forward_tile<const V, const PART, const REST>(g: &Conv2dGeometry, order: Order, x: [&[f32]; V],
         w: &[f32], bias: &[f32], out: &mut [f32]));
@@ -57,7 +60,8 @@ unsafe fn to_lanes_group<L: Lanes16>(
 }
 
 /// One group of [`super::from_lanes`]: `src` holds the group's tiles `[pixels][TILE][LANES]`,
-/// `tile_stride` floats apart, `dst` 1–16 samples `[channels][pixels]`.
+/// `tile_stride` floats apart, `dst` 1–16 samples `[channels][pixels]`, each float written
+/// once (the output is not zeroed first).
 ///
 /// # Safety
 /// `L`'s tier; `src` holds `(channels.div_ceil(TILE) − 1) · tile_stride + pixels · TILE ·
@@ -67,7 +71,7 @@ unsafe fn from_lanes_group<L: Lanes16>(
     src: &[f32],
     [channels, pixels]: [usize; 2],
     tile_stride: usize,
-    dst: &mut [f32],
+    dst: &mut [MaybeUninit<f32>],
 ) {
     let per_sample = channels * pixels;
     let count = dst.len() / per_sample;
@@ -91,7 +95,7 @@ unsafe fn from_lanes_group<L: Lanes16>(
                 let to = lane * per_sample + c * pixels + p0;
                 assert!(to + len <= dst.len());
                 // SAFETY: the masked floats `to .. to + len` lie in `dst`.
-                unsafe { row.store_masked(dst.as_mut_ptr().add(to), mask) };
+                unsafe { row.store_masked(dst.as_mut_ptr().add(to).cast(), mask) };
             }
         }
     }
