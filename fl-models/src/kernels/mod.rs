@@ -12,7 +12,8 @@
 //! convolutions (groups = channels, no bias, any stride) run a direct kernel over stride-phased
 //! planes, and their ReLU6 and hard-swish one fused pass each way (Burn composes them of clamps
 //! and mask fills). Fully connected layers run Burn's own product and bias bit for bit, minus
-//! the copy flex makes of every product's output. They plug into Burn as backend extensions
+//! the copy flex makes of every product's output, and global average pooling runs Burn's sums
+//! bit for bit without a thread-pool task per plane. They plug into Burn as backend extensions
 //! with their own backward passes, so models stay ordinary backend-generic Burn modules: on any
 //! other backend, and for any other convolution (grouped, dilated, `f16`, ...), these functions
 //! call Burn's own [`conv2d`](burn::tensor::module::conv2d),
