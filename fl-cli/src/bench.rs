@@ -404,10 +404,11 @@ fn peak_rss_mib() -> Option<f64> {
 /// The 3×3 and 5×5 stride-1 convolutions of the FedMR CNN, the FedAvg CNN, ResNet-20 and
 /// VGG-16 on 3×32×32 inputs, one row per distinct shape, their 1×28×28 maps where the kernel
 /// paths differ (ResNet-20's and VGG-16's 7×7, VGG-16's 3×3 and 1×1), and pFedClub's CNN1–CNN4
-/// layers at 3×32×32 and where their kernel paths differ at 1×28×28. A first layer's input
-/// gradient is never computed in training; its row still times one.
+/// layers at 3×32×32 and where their kernel paths differ at 1×28×28, and MobileNetV1's pointwise
+/// (1×1) layers, one per map size. A first layer's input gradient is never computed in
+/// training; its row still times one.
 #[cfg(feature = "flex")]
-const KERNEL_SHAPES: [(&str, [usize; 5]); 32] = [
+const KERNEL_SHAPES: [(&str, [usize; 5]); 38] = [
     ("cnn conv1", [3, 6, 32, 5, 0]),
     ("cnn conv2", [6, 16, 14, 5, 0]),
     ("cnn-fedavg conv1", [3, 32, 32, 5, 0]),
@@ -440,6 +441,12 @@ const KERNEL_SHAPES: [(&str, [usize; 5]); 32] = [
     ("cnn3 conv4 (1×28×28)", [128, 128, 7, 5, 2]),
     ("cnn3 conv5", [128, 256, 4, 5, 2]),
     ("cnn3 conv5 (1×28×28)", [128, 256, 3, 5, 2]),
+    ("mobilenet-v1 pw1", [32, 64, 32, 1, 0]),
+    ("mobilenet-v1 pw3", [128, 128, 16, 1, 0]),
+    ("mobilenet-v1 pw5", [256, 256, 8, 1, 0]),
+    ("mobilenet-v1 pw5 (1×28×28)", [256, 256, 7, 1, 0]),
+    ("mobilenet-v1 pw7–pw11", [512, 512, 4, 1, 0]),
+    ("mobilenet-v1 pw13", [1024, 1024, 2, 1, 0]),
 ];
 
 /// The models' large fully connected layers (`d_in → d_out`), one row per distinct shape:
