@@ -22,12 +22,15 @@ same arithmetic could train is 100%.
         --peak 116
     /tmp/torchenv/bin/python bench/torch_reference.py --models cnn --samples 500 --round 10x5 \
         --fl target/release/fl
+    /tmp/torchenv/bin/python bench/torch_reference.py --fl target/release/fl --repeat 3 \
+        --inputs 3x32x32,1x28x28 --peak 117    # medians of three alternating runs per side
 
 Models: `cnn`, `cnn-fedavg`, `resnet20`, `resnet20-ref`, `vgg16`, `mobilenet-v1/v2/v3`,
 `cnn1`-`cnn4` (see fl-models for each one's definition).
 """
 
 import argparse
+import statistics
 import subprocess
 import time
 
@@ -472,6 +475,17 @@ def fl_bench(binary, model, shape, samples, clients, epochs, threads):
     raise RuntimeError(f"no row for {model} in fl bench's output:\n{out}")
 
 
+def medians(runs):
+    """One side's figures over repeated runs: the median of each rate and time (the parameter
+    count and the GFLOP per sample are the same in every run)."""
+    out = dict(runs[0])
+    out["train"] = {t: statistics.median(r["train"][t] for r in runs) for t in runs[0]["train"]}
+    for key in ("eval", "round_s"):
+        if key in out:
+            out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="all", help="comma-separated, or 'all'")
@@ -482,14 +496,20 @@ def main():
     p.add_argument("--fl", help="path of the fl binary: also run `fl bench` and print ratios")
     p.add_argument("--peak", type=float, metavar="GFLOPS",
                    help="multiply-add peak per thread: adds each side's share of the --threads peak")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="time each side N times per model, alternating, and report the medians "
+                        "(single runs move by 10-20%%)")
     a = p.parse_args()
+    if a.repeat < 1:
+        p.error(f"--repeat {a.repeat}: must be at least 1")
     models = list(MODELS) if a.models == "all" else a.models.split(",")
     inputs = [tuple(int(d) for d in s.split("x")) for s in a.inputs.split(",")]
     rounds = tuple(int(v) for v in a.round.split("x")) if a.round else None
     threads = sorted({1, a.threads})
     print(f"PyTorch {torch.__version__}; batch 50, SGD lr 0.01 momentum 0.5; train = one client, "
           f"3 epochs; eval batch 500" + (f"; round = {rounds[0]} clients x {rounds[1]} epochs"
-                                         if rounds else ""))
+                                         if rounds else "")
+          + (f"; medians of {a.repeat} alternating runs per side" if a.repeat > 1 else ""))
     cols = ["model", "input", "samples", "params"]
     for t in threads:
         cols += [f"torch train/s ({t}t)", f"fl train/s ({t}t)", f"fl/torch ({t}t)"]
@@ -504,9 +524,14 @@ def main():
     for shape in inputs:
         for m in models:
             samples = a.samples or DEFAULT_SAMPLES.get(m, 200)
-            r = measure(m, shape, samples, threads, rounds)
-            ours = (fl_bench(a.fl, m, shape, samples, *(rounds or (1, 1)), threads[-1])
-                    if a.fl else None)
+            torch_runs, fl_runs = [], []
+            for _ in range(a.repeat):
+                torch_runs.append(measure(m, shape, samples, threads, rounds))
+                if a.fl:
+                    fl_runs.append(fl_bench(a.fl, m, shape, samples, *(rounds or (1, 1)),
+                                            threads[-1]))
+            r = medians(torch_runs)
+            ours = medians(fl_runs) if a.fl else None
             params = f"{r['params']:,}"
             if ours and ours["params"] != r["params"]:
                 params += f" (fl: {ours['params']:,}!)"
