@@ -334,8 +334,11 @@ fn parse() -> Result<Cli, ExitCode> {
 ///   speed);
 /// - blocks up to 128 MiB from the heap (glibc maps anything over 32 MiB afresh, so VGG-16's
 ///   67 MB FC-layer gradients and optimiser buffers page-faulted in on every step: training
-///   +10%), with the top of the heap trimmed above 64 MiB, glibc's own figure once its
-///   threshold has grown to 32 MiB (a higher one kept 300 MiB more on a Zoo I round).
+///   +10%), with the top of the heap trimmed above 128 MiB: at 64 MiB, glibc's own figure once
+///   its threshold has grown to 32 MiB, freeing VGG-16's 64 MiB weight gradient trimmed the heap
+///   and the next one page-faulted in afresh (its weight gradient ran at a third of the speed,
+///   training 4% slower); Zoo I's round peaked at 1,813 and 1,893 MiB against 1,971 and 1,850
+///   (512 MiB kept 300 MiB more there).
 fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("GLIBC_TUNABLES").is_none() {
@@ -343,7 +346,7 @@ fn tune_malloc() {
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, 1);
             libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 20);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
         }
     }
 }
