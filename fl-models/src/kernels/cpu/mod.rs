@@ -212,7 +212,20 @@ pub(crate) unsafe fn written_whole(
     len: usize,
     fill: impl FnOnce(&mut [MaybeUninit<f32>]),
 ) -> Vec<f32> {
-    let mut out = Vec::with_capacity(len);
+    // SAFETY: the caller's contract.
+    unsafe { written_whole_with_spare(len, 0, fill) }
+}
+
+/// [`written_whole`] with room for `spare` more floats (for a caller that appends them).
+///
+/// # Safety
+/// `fill` writes every one of the `len` elements it is given.
+pub(crate) unsafe fn written_whole_with_spare(
+    len: usize,
+    spare: usize,
+    fill: impl FnOnce(&mut [MaybeUninit<f32>]),
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(len + spare);
     fill(&mut out.spare_capacity_mut()[..len]);
     // SAFETY: the caller's contract: `fill` wrote all `len` elements.
     unsafe { out.set_len(len) };
@@ -356,6 +369,30 @@ pub fn conv2d_forward(
         PassPath::AcrossSamples(order) => lanes::forward(g, x, weight, bias, order),
         PassPath::Direct => super::direct::conv2d_forward(g, x, weight, bias),
         PassPath::Im2col => im2col_conv2d_forward(g, x, weight, bias),
+    }
+}
+
+/// [`conv2d_forward`] on the path the across-samples kernel replaces (for the samples it
+/// leaves).
+fn forward_replaced(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    if super::direct::applies(g) {
+        super::direct::conv2d_forward(g, x, weight, bias)
+    } else {
+        im2col_conv2d_forward(g, x, weight, bias)
+    }
+}
+
+/// [`conv2d_input_grad`] on the path the across-samples kernel replaces.
+fn input_grad_replaced(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    if super::direct::applies(g) {
+        super::direct::conv2d_input_grad(g, weight, dy)
+    } else {
+        im2col_conv2d_input_grad(g, weight, dy)
     }
 }
 

@@ -85,6 +85,20 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
             geometry([40, 32, 16, 16], [64, 3, 3], [2, 2], [(1, 1), (1, 1)]),
             true,
         ),
+        // Batches of 50 (FedMR's): the last 2 samples take the replaced path alongside, on
+        // the direct kernels (CNN3's Conv3) and on gemm (CNN3's Conv5 on 4×4 and 3×3 maps).
+        (
+            geometry([50, 64, 8, 8], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+            true,
+        ),
+        (
+            geometry([50, 128, 4, 4], [256, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+            true,
+        ),
+        (
+            geometry([50, 128, 3, 3], [256, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+            true,
+        ),
     ];
     at_every_isa(|isa| {
         for (g, on_avx2) in &shapes {
@@ -96,6 +110,15 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
                 Isa::Avx512 => true,
             };
             assert_eq!(order.is_some(), expected, "{g:?}");
+            // Samples after the last whole vector that would fill at most half of one run on
+            // the replaced path (here always in the same order: direct, or equal gemm blocks).
+            if let Some(order) = order {
+                let (head, tail) = lanes::split(g, order);
+                let rest = g.batch % 16;
+                let split = (1..=8).contains(&rest) && g.batch > 16;
+                assert_eq!(tail.map(|t| t.batch), split.then_some(rest), "{g:?}");
+                assert_eq!(head.batch + tail.map_or(0, |t| t.batch), g.batch);
+            }
             let x = values(g.batch * g.input_len(), 31);
             let w = values(g.weight_len(), 32);
             let b = values(g.c_out, 33);
