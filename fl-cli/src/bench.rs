@@ -527,9 +527,13 @@ pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Resul
             .collect();
         if !convs.is_empty() {
             println!(
-                "\n| layer | c_in→c_out @ size, kernel | kernel path | forward GFLOP/s (% of peak) | input gradient | weight gradient |"
+                "\nConvolution rates count every tap, padding included (the usual convention); \
+                 where some taps read only the zero padding, the second share is the rate of \
+                 the taps that read the input (what a kernel skipping zero products computes, \
+                 and what the training table's GFLOP/sample counts) against the peak.\n\n\
+                 | layer | c_in→c_out @ size, kernel | taps reading the input | kernel path | forward GFLOP/s (% of peak) | input gradient | weight gradient |"
             );
-            println!("|---|---|---|---|---|---|");
+            println!("|---|---|---|---|---|---|---|");
         }
         for &&(name, [c_in, c_out, size, kernel, padding]) in &convs {
             let shape = ConvShape {
@@ -545,11 +549,21 @@ pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Resul
             } else {
                 format!("{}; weight gradient: {}", r.path, r.weight_grad_path)
             };
+            let valid = shape.valid_share();
+            let cell = |rate: f64| match peak {
+                Some(p) if valid < 1.0 => format!(
+                    "{rate:.0} ({:.0}%; {:.0}% on those taps)",
+                    100.0 * rate / p,
+                    100.0 * rate * valid / p
+                ),
+                _ => share(rate),
+            };
             println!(
-                "| {name} | {c_in}→{c_out} @ {size}×{size}, {kernel}×{kernel} | {path} | {} | {} | {} |",
-                share(r.forward),
-                share(r.input_grad),
-                share(r.weight_grad)
+                "| {name} | {c_in}→{c_out} @ {size}×{size}, {kernel}×{kernel} | {:.0}% | {path} | {} | {} | {} |",
+                100.0 * valid,
+                cell(r.forward),
+                cell(r.input_grad),
+                cell(r.weight_grad)
             );
         }
         let linear: Vec<_> = LINEAR_SHAPES

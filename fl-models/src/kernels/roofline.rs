@@ -133,6 +133,19 @@ impl ConvShape {
     pub fn macs(&self) -> usize {
         self.c_in * self.c_out * self.kernel * self.kernel * self.geometry(1).out_plane()
     }
+
+    /// The share of [`ConvShape::macs`] whose tap reads the input, not the zero padding: the
+    /// work a kernel that skips products with padding zeros does (the training table's
+    /// "GFLOP/sample" counts these).
+    pub fn valid_share(&self) -> f64 {
+        let out = self.geometry(1).output[0];
+        // (output index, tap) pairs along one axis whose input index lies inside the image.
+        let axis = (0..out)
+            .flat_map(|o| (0..self.kernel).map(move |k| o + k))
+            .filter(|&i| (self.padding..self.padding + self.size).contains(&i))
+            .count();
+        (axis * axis) as f64 / (out * self.kernel).pow(2) as f64
+    }
 }
 
 /// Throughput of the kernels on one [`ConvShape`], in GFLOP/s of the convolution's dense
@@ -355,6 +368,12 @@ mod tests {
         };
         assert_eq!(s.macs(), 16 * 32 * 9 * 64);
         assert_eq!(s.geometry(2).output, [8, 8]);
+        // Per axis 22 of the 24 (pixel, tap) pairs read the image (the border pixels lose one).
+        assert_eq!(s.valid_share(), (22.0 * 22.0) / (24.0 * 24.0));
+        // VGG-16's 1×1 maps under 3×3 kernels: only the centre tap; unpadded: every tap.
+        let centre = ConvShape { size: 1, ..s };
+        assert_eq!(centre.valid_share(), 1.0 / 9.0);
+        assert_eq!(ConvShape { padding: 0, ..s }.valid_share(), 1.0);
         let rate = conv_rates(s, 2, 0.0);
         assert!(rate.forward > 0.0 && rate.input_grad > 0.0 && rate.weight_grad > 0.0);
         let fc = linear_rates(300, 40, 3, 0.0);

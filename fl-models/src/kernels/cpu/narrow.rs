@@ -67,7 +67,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     // which the kernel walks once per channel tile (sample-major, it jumped a page or more per
     // sample); tap-major rows (`tap · c_in + ci`) where the layout says so. Each value is
     // gathered straight from the input, as im2col would have copied it.
-    let sources = layout.sources(g);
+    let (sources, offsets) = (layout.sources(g), &layout.offsets);
     let plane = g.input[0] * g.input[1];
     let mut cols_t = super::Aligned::zeroed(g.batch * pixels * stride);
     cols_t
@@ -75,16 +75,26 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
         .enumerate()
         .for_each(|(tile, dst)| {
             let sources = &sources[tile * ROW_TILE..rows.min((tile + 1) * ROW_TILE)];
+            // The tile's (position in a sample's block, input offset) pairs that read the
+            // image, found once for every sample: a lookup and a branch per value took about a
+            // third of this weight gradient's time on VGG-16's and CNN3's smallest maps.
+            let reads: Vec<[usize; 2]> = (0..pixels)
+                .flat_map(|p| {
+                    sources
+                        .iter()
+                        .enumerate()
+                        .filter_map(move |(v, &(ci, tap))| {
+                            let at = offsets[tap][p]?;
+                            Some([p * ROW_TILE + v, ci * plane + at])
+                        })
+                })
+                .collect();
             for (x_n, dst) in x
                 .chunks_exact(g.input_len())
                 .zip(dst.chunks_exact_mut(pixels * ROW_TILE))
             {
-                for (p, dst) in dst.chunks_exact_mut(ROW_TILE).enumerate() {
-                    for (v, &(ci, tap)) in dst.iter_mut().zip(sources) {
-                        if let Some(at) = layout.offsets[tap][p] {
-                            *v = x_n[ci * plane + at];
-                        }
-                    }
+                for &[to, from] in &reads {
+                    dst[to] = x_n[from];
                 }
             }
         });
