@@ -30,7 +30,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::{Aligned, Conv2dGeometry, common_depth_block, written_whole_with_spare};
+use super::{Aligned, Conv2dGeometry, PassPath, common_depth_block, written_whole_with_spare};
 use crate::kernels::isa::{Isa, uses};
 
 /// Samples per vector ([`Lanes16`](crate::kernels::lanes16::Lanes16): one AVX-512 register or two AVX2 ones).
@@ -226,7 +226,7 @@ pub(super) fn forward(
                 tail.batch * g.output_len(),
             )
         },
-        || super::forward_replaced(&tail, &x[at..], weight, bias),
+        || super::forward_on(PassPath::replaced(&tail), &tail, &x[at..], weight, bias),
     );
     y.extend_from_slice(&rest);
     y
@@ -362,7 +362,7 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32], order: 
     let at = head.batch * g.output_len();
     let (mut dx, rest) = rayon::join(
         || input_grad_head(&head, weight, &dy[..at], order, tail.batch * g.input_len()),
-        || super::input_grad_replaced(&tail, weight, &dy[at..]),
+        || super::input_grad_on(PassPath::replaced(&tail), &tail, weight, &dy[at..]),
     );
     dx.extend_from_slice(&rest);
     dx
@@ -426,7 +426,7 @@ pub(super) fn split(g: &Conv2dGeometry, order: Order) -> (Conv2dGeometry, Option
     let tail = Conv2dGeometry { batch: rest, ..*g };
     let same_order = || {
         if order.from_bias {
-            return crate::kernels::direct::applies(&tail);
+            return matches!(PassPath::replaced(&tail), PassPath::Direct);
         }
         let (rows, forward, input) = (g.col_rows(), tail.group(), tail.input_grad_group());
         common_depth_block(g.c_out, &tail.group_widths(forward), rows) == Some(order.forward_kc)

@@ -365,34 +365,21 @@ pub fn conv2d_forward(
     weight: &[f32],
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
-    match PassPath::of(g, bias) {
-        PassPath::AcrossSamples(order) => lanes::forward(g, x, weight, bias, order),
-        PassPath::Direct => super::direct::conv2d_forward(g, x, weight, bias),
-        PassPath::Im2col => im2col_conv2d_forward(g, x, weight, bias),
-    }
+    forward_on(PassPath::of(g, bias), g, x, weight, bias)
 }
 
-/// [`conv2d_forward`] on the path the across-samples kernel replaces (for the samples it
-/// leaves).
-fn forward_replaced(
+/// [`conv2d_forward`] on `path`.
+fn forward_on(
+    path: PassPath,
     g: &Conv2dGeometry,
     x: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
-    if super::direct::applies(g) {
-        super::direct::conv2d_forward(g, x, weight, bias)
-    } else {
-        im2col_conv2d_forward(g, x, weight, bias)
-    }
-}
-
-/// [`conv2d_input_grad`] on the path the across-samples kernel replaces.
-fn input_grad_replaced(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    if super::direct::applies(g) {
-        super::direct::conv2d_input_grad(g, weight, dy)
-    } else {
-        im2col_conv2d_input_grad(g, weight, dy)
+    match path {
+        PassPath::AcrossSamples(order) => lanes::forward(g, x, weight, bias, order),
+        PassPath::Direct => super::direct::conv2d_forward(g, x, weight, bias),
+        PassPath::Im2col => im2col_conv2d_forward(g, x, weight, bias),
     }
 }
 
@@ -513,7 +500,12 @@ fn forward_sample(
 
 /// Input gradient: `dx[n] = col2im(Wᵀ · dy[n])`.
 pub fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    match PassPath::of(g, None) {
+    input_grad_on(PassPath::of(g, None), g, weight, dy)
+}
+
+/// [`conv2d_input_grad`] on `path`.
+fn input_grad_on(path: PassPath, g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    match path {
         PassPath::AcrossSamples(order) => lanes::input_grad(g, weight, dy, order),
         PassPath::Direct => super::direct::conv2d_input_grad(g, weight, dy),
         PassPath::Im2col => im2col_conv2d_input_grad(g, weight, dy),

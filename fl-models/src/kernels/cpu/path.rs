@@ -16,15 +16,23 @@ pub(super) enum PassPath {
 impl PassPath {
     /// The path for `g` (the forward pass's `bias`, or `None` for the input gradient).
     pub(super) fn of(g: &Conv2dGeometry, bias: Option<&[f32]>) -> Self {
-        if g.batch > 0 && g.input_len() > 0 {
-            if let Some(order) = lanes::Order::for_geometry(g, bias) {
-                return Self::AcrossSamples(order);
-            }
-            if crate::kernels::direct::applies(g) {
-                return Self::Direct;
-            }
+        if g.batch > 0
+            && g.input_len() > 0
+            && let Some(order) = lanes::Order::for_geometry(g, bias)
+        {
+            return Self::AcrossSamples(order);
         }
-        Self::Im2col
+        Self::replaced(g)
+    }
+
+    /// The path the kernel across samples replaces for `g` (it runs a batch's last few samples
+    /// there, `lanes::split`).
+    pub(super) fn replaced(g: &Conv2dGeometry) -> Self {
+        if g.batch > 0 && g.input_len() > 0 && crate::kernels::direct::applies(g) {
+            Self::Direct
+        } else {
+            Self::Im2col
+        }
     }
 
     fn name(&self) -> &'static str {
