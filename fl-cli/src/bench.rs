@@ -408,7 +408,7 @@ fn peak_rss_mib() -> Option<f64> {
 /// (1×1) layers, one per map size. A first layer's input gradient is never computed in
 /// training; its row still times one.
 #[cfg(feature = "flex")]
-const KERNEL_SHAPES: [(&str, [usize; 5]); 38] = [
+const KERNEL_SHAPES: [(&str, [usize; 5]); 40] = [
     ("cnn conv1", [3, 6, 32, 5, 0]),
     ("cnn conv2", [6, 16, 14, 5, 0]),
     ("cnn-fedavg conv1", [3, 32, 32, 5, 0]),
@@ -417,10 +417,12 @@ const KERNEL_SHAPES: [(&str, [usize; 5]); 38] = [
     ("resnet20 stage 2", [32, 32, 16, 3, 1]),
     ("resnet20 stage 3", [64, 64, 8, 3, 1]),
     ("resnet20 stage 1 (1×28×28)", [16, 16, 28, 3, 1]),
+    ("resnet20 stage 2 (1×28×28)", [32, 32, 14, 3, 1]),
     ("resnet20 stage 3 (1×28×28)", [64, 64, 7, 3, 1]),
     ("vgg16 block 1", [64, 64, 32, 3, 1]),
     ("vgg16 block 2", [128, 128, 16, 3, 1]),
     ("vgg16 block 3", [256, 256, 8, 3, 1]),
+    ("vgg16 block 2 (1×28×28)", [128, 128, 14, 3, 1]),
     ("vgg16 block 3 (1×28×28)", [256, 256, 7, 3, 1]),
     ("vgg16 block 4", [512, 512, 4, 3, 1]),
     ("vgg16 block 5", [512, 512, 2, 3, 1]),

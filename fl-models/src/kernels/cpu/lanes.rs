@@ -1,11 +1,13 @@
 //! Forward passes and input gradients of convolutions on small feature maps (at most 8×8
 //! outputs: CNN2–CNN4's 8×8, 7×7, 4×4 and 3×3 maps, VGG-16's 4×4 and 2×2, and on 1×28×28
-//! inputs ResNet-20's and VGG-16's 7×7), vectorised across
+//! inputs ResNet-20's and VGG-16's 7×7; on AVX-512 also the 14×14 maps of 1×28×28 inputs and
+//! CNN1–CNN4's 16×16 maps under 5×5 kernels), vectorised across
 //! 16 samples instead of across pixels, bit for bit the path they replace.
 //!
 //! On a small map most border pixels read the zero padding with many of their taps: a 5×5
 //! kernel on a 7×7 map spends 31% of its multiply-adds on it, on 3×3 64%, a 3×3 kernel on 2×2
-//! 56%; the direct kernels' wide rows add a third to a half more on 8×8 maps. Sixteen samples at
+//! 56%; the direct kernels' wide rows add a third to a half more on 8×8 maps, and an eighth on
+//! 14×14 ones (rows of 14 in vectors of 16). Sixteen samples at
 //! one pixel read the padding with the same taps, so a vector of them skips exactly those, and
 //! no product is spent on thrown-away columns or column matrices.
 //!
@@ -58,8 +60,20 @@ const CHUNK_BYTES: usize = 32 << 10;
 /// weights per chunk, not 32 and 13 (more than a 32 KiB L1; forward 5–20% faster across
 /// CNN3's and VGG-16's small maps, `fl bench --kernels`, one thread, best of four).
 const CHUNK_BYTES_AVX2: usize = 16 << 10;
-/// The largest map this kernel takes (8×8); bigger maps waste little on padding.
+/// The largest map this kernel takes for its padding alone (8×8); bigger maps waste little on
+/// padding.
 const MAX_PIXELS: usize = 64;
+/// The largest map this kernel takes on AVX-512 where the direct kernels also waste lanes on
+/// rows narrower than their vectors (14×14 under 3×3 kernels, 14×14 and 16×16 under 5×5: see
+/// [`takes_map`]). On 28×28 and 32×32 maps a chunk holds one input channel, and the running
+/// sums' loads and stores per channel made it 10–25% slower than the direct kernels.
+const MAX_PIXELS_WIDE: usize = 256;
+/// On those maps, the share of the direct kernels' products that read the input (`fl bench
+/// --kernels`, one thread, AVX-512) at or below which this kernel takes the map: 79% on 14×14
+/// maps under 3×3 kernels (forward 8–10%, input gradient 9–14% faster here), 73% and 86% on
+/// 14×14 and 16×16 maps under 5×5 kernels (25% and 8–10%); 92% on 16×16 maps under 3×3 kernels
+/// stays direct (5–11% slower across samples).
+const WIDE_USEFUL_PERCENT: usize = 88;
 
 /// The order of additions to reproduce (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +114,8 @@ impl Order {
     }
 }
 
-/// Whether this kernel takes `g`: an AVX-512 CPU or one with AVX2 and FMA, a map of at most
+/// Whether this kernel takes `g`: an AVX-512 CPU or one with AVX2 and FMA, a map [`takes_map`]
+/// takes (on AVX-512 also some 14×14 and 16×16 maps), that is, for small maps, one of at most
 /// [`MAX_PIXELS`] outputs whose taps read the padding at least 15% of the time (`fl bench
 /// --kernels`, one thread, AVX-512: 7×7 maps under 3×3 kernels, 18% padding, run 9–16% faster
 /// here than on the direct kernels; 8×8 ones, 16%, 10–18% faster since the layout copies run
@@ -118,7 +133,9 @@ fn applies(g: &Conv2dGeometry) -> bool {
         && uses(Isa::Avx2)
 }
 
-/// A map of at most [`MAX_PIXELS`] outputs whose taps read the padding at least 15% of the
+/// On AVX-512, a stride-1 map of at most [`MAX_PIXELS_WIDE`] outputs where few enough of the
+/// direct kernels' products read the input ([`WIDE_USEFUL_PERCENT`]). Otherwise a map of at
+/// most [`MAX_PIXELS`] outputs whose taps read the padding at least 15% of the
 /// time (25% on AVX2), or any such map of a strided convolution (whose other path is im2col,
 /// not the direct kernels: ResNet-20's stride-2 layer into its 8×8 stage, 8% padding, trains
 /// about 1% faster and evaluates 6% faster this way). AVX2's register tiles are 6 channels ×
@@ -128,11 +145,18 @@ fn applies(g: &Conv2dGeometry) -> bool {
 /// of 4 the forward pass ran at 35–40% of the FMA peak against 45–55% direct), while 8×8 maps
 /// under 5×5 kernels (28%) and the smaller maps gain.
 fn takes_map(g: &Conv2dGeometry) -> bool {
+    let taps = g.out_plane() * g.kernel[0] * g.kernel[1];
+    if (MAX_PIXELS + 1..=MAX_PIXELS_WIDE).contains(&g.out_plane()) {
+        // The direct kernels' products: each output row in whole vectors of 16 lanes.
+        let direct = g.output[0] * g.output[1].next_multiple_of(LANES) * g.kernel[0] * g.kernel[1];
+        return uses(Isa::Avx512)
+            && g.stride == [1, 1]
+            && g.kernel.iter().all(|&k| k > 1)
+            && 100 * valid_taps_total(g) <= WIDE_USEFUL_PERCENT * direct;
+    }
     let valid_percent = if uses(Isa::Avx512) { 85 } else { 75 };
     (1..=MAX_PIXELS).contains(&g.out_plane())
-        && (g.stride != [1, 1]
-            || 100 * valid_taps_total(g)
-                <= valid_percent * g.out_plane() * g.kernel[0] * g.kernel[1])
+        && (g.stride != [1, 1] || 100 * valid_taps_total(g) <= valid_percent * taps)
 }
 
 /// The (pixel, tap) pairs of one channel whose tap reads the input, not the padding.

@@ -99,6 +99,21 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
             geometry([50, 128, 3, 3], [256, 5, 5], [1, 1], [(2, 2), (2, 2)]),
             true,
         ),
+        // On AVX-512 only, maps where the direct kernels' rows waste lanes: ResNet-20's 14×14
+        // stage on 1×28×28 inputs (batch 50: a tail on the direct kernels), CNN1's and CNN2's
+        // 16×16 layer under 5×5 kernels, CNN4's 14×14 one.
+        (
+            geometry([50, 32, 14, 14], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            false,
+        ),
+        (
+            geometry([24, 16, 16, 16], [32, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+            false,
+        ),
+        (
+            geometry([24, 32, 14, 14], [32, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+            false,
+        ),
     ];
     at_every_isa(|isa| {
         for (g, on_avx2) in &shapes {
@@ -163,8 +178,11 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
         assert_eq!(lanes::Order::for_geometry(g, Some(&b)), None);
         let g = geometry([40, 64, 2, 2], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]);
         assert_eq!(lanes::Order::for_geometry(&g, None), None);
-        // 16×16 maps under 3×3 kernels (8% padding) stay on the direct kernels.
+        // 16×16 maps under 3×3 kernels (8% padding, whole rows of 16) stay on the direct
+        // kernels, as do 28×28 maps.
         let g = geometry([40, 32, 16, 16], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]);
+        assert_eq!(lanes::Order::for_geometry(&g, None), None);
+        let g = geometry([40, 32, 28, 28], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]);
         assert_eq!(lanes::Order::for_geometry(&g, None), None);
     });
 }
