@@ -243,13 +243,18 @@ fn grouping_samples_into_one_gemm_changes_no_bits() {
     // MobileNetV1's pointwise layers on 4×4 and 2×2 maps, whose input gradients run in groups
     // (gemm splits their 512- and 1024-deep sums into the same blocks either way), and a batch
     // that leaves a partial group.
+    // Their batches split into at least two groups of one size (training's 50 samples, an
+    // evaluation chunk of 32), which keep the widest groups' bits.
     let pointwise = [
         geometry([50, 512, 4, 4], [512, 1, 1], [1, 1], [(0, 0), (0, 0)]),
         geometry([45, 1024, 2, 2], [1024, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([32, 512, 4, 4], [512, 1, 1], [1, 1], [(0, 0), (0, 0)]),
     ];
     for g in &pointwise {
         assert!(g.input_grad_group() > 1, "{g:?}");
     }
+    let groups: Vec<usize> = pointwise.iter().map(|g| g.group()).collect();
+    assert_eq!(groups, [25, 23, 16]);
     shapes.extend(pointwise);
     // MobileNetV3's squeeze-and-excitation layers on 1×1 maps: a one-column product sums in
     // another order, so these stay one gemm per sample (grouped, they differed).
@@ -262,7 +267,7 @@ fn grouping_samples_into_one_gemm_changes_no_bits() {
             let w = values(g.weight_len(), 12);
             let b = values(g.c_out, 13);
             let dy = values(g.batch * g.output_len(), 14);
-            for group in [3, g.group().max(2)] {
+            for group in [3, g.group().max(2), MAX_GROUP] {
                 for bias in [None, Some(&b[..])] {
                     assert_eq!(
                         bits(im2col_conv2d_forward_grouped(g, &x, &w, bias, 1)),
