@@ -145,10 +145,10 @@ fn applies(g: &Conv2dGeometry) -> bool {
 /// of 4 the forward pass ran at 35–40% of the FMA peak against 45–55% direct), while 8×8 maps
 /// under 5×5 kernels (28%) and the smaller maps gain.
 fn takes_map(g: &Conv2dGeometry) -> bool {
-    let taps = g.out_plane() * g.kernel[0] * g.kernel[1];
+    let kernel_taps = g.kernel[0] * g.kernel[1];
     if (MAX_PIXELS + 1..=MAX_PIXELS_WIDE).contains(&g.out_plane()) {
         // The direct kernels' products: each output row in whole vectors of 16 lanes.
-        let direct = g.output[0] * g.output[1].next_multiple_of(LANES) * g.kernel[0] * g.kernel[1];
+        let direct = g.output[0] * g.output[1].next_multiple_of(LANES) * kernel_taps;
         return uses(Isa::Avx512)
             && g.stride == [1, 1]
             && g.kernel.iter().all(|&k| k > 1)
@@ -156,7 +156,8 @@ fn takes_map(g: &Conv2dGeometry) -> bool {
     }
     let valid_percent = if uses(Isa::Avx512) { 85 } else { 75 };
     (1..=MAX_PIXELS).contains(&g.out_plane())
-        && (g.stride != [1, 1] || 100 * valid_taps_total(g) <= valid_percent * taps)
+        && (g.stride != [1, 1]
+            || 100 * valid_taps_total(g) <= valid_percent * g.out_plane() * kernel_taps)
 }
 
 /// The (pixel, tap) pairs of one channel whose tap reads the input, not the padding.

@@ -321,11 +321,9 @@ impl Conv2dGeometry {
         }
         let groups = self.batch.div_ceil(widest).max(2);
         let group = self.batch.div_ceil(groups);
-        let same_blocks = |m: usize, k: usize| {
-            let mut widths = self.group_widths(widest);
-            widths.extend(self.group_widths(group));
-            common_depth_block(m, &widths, k).is_some()
-        };
+        let mut widths = self.group_widths(widest);
+        widths.extend(self.group_widths(group));
+        let same_blocks = |m: usize, k: usize| common_depth_block(m, &widths, k).is_some();
         if group == widest
             || !same_blocks(self.c_out, self.col_rows())
             || !same_blocks(self.col_rows(), self.c_out)
