@@ -27,6 +27,11 @@ use crate::kernels::isa::{Isa, uses};
 const CHANNEL_TILE: usize = 64;
 /// Output channels per register tile under 3×3 kernels: two vectors (× 9 taps).
 const CHANNEL_TILE_3X3: usize = 32;
+/// Output channels per stream tile under 3×3 kernels where `c_out` is a multiple of it: four
+/// vectors, in two register tiles (taps 0–4, then 5–8). Each broadcast input then feeds four
+/// multiply-adds, not two: the broadcasts competed with them (8×8 and 7×7 maps +3–6%, `fl
+/// bench --kernels`, one thread, two alternating runs).
+const WIDE_TILE_3X3: usize = 64;
 /// Lanes of the direct kernel's vectors: the number of chains per element.
 const LANES: usize = 16;
 /// The kernel width this kernel takes: one kernel row of taps per register tile.
@@ -98,6 +103,7 @@ fn chunk(
     // kernels), one vector on AVX2, whose register tile holds one: its passes then stream
     // contiguous memory, not a quarter of each pixel's 256 bytes.
     let tile = match (three, uses(Isa::Avx512)) {
+        (true, _) if g.c_out.is_multiple_of(WIDE_TILE_3X3) => WIDE_TILE_3X3,
         (true, _) => CHANNEL_TILE_3X3,
         (false, true) => CHANNEL_TILE,
         (false, false) => 16,
@@ -126,12 +132,13 @@ fn chunk(
                 count,
                 padded: &padded,
                 dy_t: &dy_t,
+                tile,
                 reads: &reads,
             };
             // Input channels outermost: a channel's padded planes stay in L1 while the output
             // gradients stream past them.
             for ci in 0..g.c_in {
-                for co0 in (0..g.c_out).step_by(CHANNEL_TILE_3X3) {
+                for co0 in (0..g.c_out).step_by(tile) {
                     tiles::taps_3x3_avx512(&args, [co0, ci], &mut dw);
                 }
             }
@@ -274,22 +281,31 @@ fn class_streams(
 /// lanes); each element's chains are the same either way.
 #[cfg(target_arch = "x86_64")]
 pub(super) mod tiles {
-    use super::{CHANNEL_TILE_3X3, Conv2dGeometry, KernelRows, LANES, Wide};
+    use super::{Conv2dGeometry, KernelRows, LANES, Wide};
     use crate::kernels::lanes16::{Lanes16, tier_entries};
     use std::mem::MaybeUninit;
 
     /// One register tile: `[channel vector][tap]`.
     pub(in crate::kernels::cpu) type Tile<L, const V: usize, const T: usize> = [[L; T]; V];
 
-    /// [`taps_3x3`] with AVX-512F, all 32 channels × 9 taps of a tile in registers (AVX2 keeps
-    /// the direct kernels under 3×3 kernels: see [`super::applies`]).
+    /// [`taps_3x3`] with AVX-512F: a 32-channel tile's 32 channels × 9 taps in registers, a
+    /// 64-channel tile's 64 × 5 and then 64 × 4 (AVX2 keeps the direct kernels under 3×3
+    /// kernels: see [`super::applies`]).
     ///
     /// # Safety
     /// The CPU supports AVX-512F; `taps_3x3`'s contract holds.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn taps_3x3_avx512(chunk: &Padded, [co0, ci]: [usize; 2], dw: &mut [f32]) {
+        use std::arch::x86_64::__m512;
         // SAFETY: the caller upholds the contract.
-        unsafe { taps_3x3::<std::arch::x86_64::__m512, 2, 9>(chunk, [co0, ci, 0, 0], dw) }
+        unsafe {
+            if chunk.tile == super::WIDE_TILE_3X3 {
+                taps_3x3::<__m512, 4, 5>(chunk, [co0, ci, 0, 0], dw);
+                taps_3x3::<__m512, 4, 4>(chunk, [co0, ci, 0, 5], dw);
+            } else {
+                taps_3x3::<__m512, 2, 9>(chunk, [co0, ci, 0, 0], dw);
+            }
+        }
     }
     tier_entries!(kernel_row_avx512, kernel_row_avx2 =>
         kernel_row<const KW, const V>(chunk: &Chunk, at: [usize; 3], dw: &mut [f32]));
@@ -386,6 +402,8 @@ pub(super) mod tiles {
         pub(super) count: usize,
         pub(super) padded: &'a [f32],
         pub(super) dy_t: &'a [f32],
+        /// Channels per stream tile.
+        pub(super) tile: usize,
         pub(super) reads: &'a [Vec<usize>],
     }
 
@@ -396,8 +414,8 @@ pub(super) mod tiles {
     /// # Safety
     /// `L`'s tier; `g.kernel == [3, 3]`, `wide` is `g`'s layout, `padded` holds `count` padded
     /// inputs of `wide.input_len` floats, `dy_t` their output gradients in class streams,
-    /// `dw` `c_out · c_in·9` floats, `co0` a multiple of 32 with `co0 + 32 <= c_out`,
-    /// `16·(v0 + V) <= 32`, `t0 + T <= 9`, `ci < c_in`, and `reads` holds
+    /// `dw` `c_out · c_in·9` floats, `co0` a multiple of `tile` with `co0 + tile <= c_out`,
+    /// `16·(v0 + V) <= tile`, `t0 + T <= 9`, `ci < c_in`, and `reads` holds
     /// `n·input_len + oy·Wp + ox` for every sample `n` and output pixel `(oy, ox)`, each once.
     #[inline(always)]
     unsafe fn taps_3x3<L: Lanes16, const V: usize, const T: usize>(
@@ -411,14 +429,15 @@ pub(super) mod tiles {
             count,
             padded,
             dy_t,
+            tile,
             reads,
         } = *chunk;
         let ([hp, wp], pixels) = (wide.padded, g.out_plane());
-        assert!(16 * (v0 + V) <= CHANNEL_TILE_3X3 && t0 + T <= 9);
+        assert!(16 * (v0 + V) <= tile && t0 + T <= 9);
         let offsets: [usize; T] =
             std::array::from_fn(|t| ci * hp * wp + (t0 + t) / 3 * wp + (t0 + t) % 3);
-        assert!(g.kernel == [3, 3] && co0 + CHANNEL_TILE_3X3 <= g.c_out && ci < g.c_in);
-        assert!(co0.is_multiple_of(CHANNEL_TILE_3X3));
+        assert!(g.kernel == [3, 3] && co0 + tile <= g.c_out && ci < g.c_in);
+        assert!(co0.is_multiple_of(tile) && tile % 16 == 0);
         assert!(
             reads.len() == LANES && reads.iter().map(Vec::len).sum::<usize>() == count * pixels
         );
@@ -427,7 +446,7 @@ pub(super) mod tiles {
         // SAFETY: the asserts bound every access: sample `n`'s pixel `(oy, ox)` reads
         // `n·input_len + oy·Wp + ox + offsets[t] < n·input_len + (ci + 1)·Hp·Wp`, within the
         // sample's padded input, and
-        // the tile's stream `count·pixels·32` floats from `co0·count·pixels`, within
+        // the tile's stream `count·pixels·tile` floats from `co0·count·pixels`, within
         // `count·c_out·pixels`.
         unsafe {
             // This tile's stream, class after class, at the register tile's channels.
@@ -439,7 +458,7 @@ pub(super) mod tiles {
                 let mut acc = zero;
                 for &at in reads {
                     let dv: [L; V] = std::array::from_fn(|v| L::load(d.add(v * 16)));
-                    d = d.add(CHANNEL_TILE_3X3);
+                    d = d.add(tile);
                     let xp = x.add(at);
                     for (t, &offset) in offsets.iter().enumerate() {
                         let xb = L::splat(*xp.add(offset));
