@@ -3,7 +3,8 @@
 //! A stride-1 convolution reads, for kernel tap `k = (ci, ky, kx)`, the input plane shifted by
 //! `ky` rows and `kx` columns. Laid out "wide" (output rows as long as the padded input rows,
 //! the few extra columns computed and thrown away), that shifted plane is one contiguous run
-//! of the padded input starting at `offset(k) = ci·Hp·Wp + ky·Wp + kx`. So
+//! of the padded input starting at `offset(k) = ci·Hp·Wp + ky·Wp + kx` (the layout:
+//! `direct/wide.rs`). So
 //!
 //! - forward: `y[co, p] = b[co] + Σ_k W[co, k] · x[offset(k) + p]`: register tiles of 4, 6
 //!   or 8 output channels × 16 or 32 pixels, each tap one vector load per 16 pixels and one
@@ -60,8 +61,11 @@ macro_rules! by_channel_tile {
 mod gather;
 mod pack;
 mod rows;
+mod wide;
 use pack::{channel_tile, pack_input_tiles, pack_weights};
 use rows::forward_rows;
+pub(super) use wide::Wide;
+use wide::wide_len;
 
 /// Lanes per vector of the kernels ([`Lanes16`](super::lanes16::Lanes16)): the wide rows are
 /// padded to a multiple of it.
@@ -91,142 +95,6 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
     {
         let _ = g;
         false
-    }
-}
-
-/// Wide output length per channel: `(oh − 1)·Wp + ow` with `Wp = ow + kw − 1`, rounded up to
-/// [`LANES`].
-fn wide_len(g: &Conv2dGeometry) -> usize {
-    let [oh, ow] = g.output;
-    ((oh - 1) * (ow + g.kernel[1] - 1) + ow).next_multiple_of(LANES)
-}
-
-/// The wide layout of one stride-1 convolution.
-pub(super) struct Wide {
-    c_in: usize,
-    /// Output channels rounded up to the channel tile.
-    c_out_padded: usize,
-    /// Channels per register tile (4, 6 or 8).
-    channel_tile: usize,
-    input: [usize; 2],
-    pad_begin: [usize; 2],
-    /// Padded input rows and columns that valid outputs read: `output + kernel − 1`.
-    pub(super) padded: [usize; 2],
-    output: [usize; 2],
-    /// Wide output length per channel: `(oh − 1)·Wp + ow`, rounded up to [`LANES`].
-    len: usize,
-    /// Whether the forward pass computes each output row's own vectors
-    /// ([`RowVectors`](rows::RowVectors)) instead of the wide length.
-    by_rows: bool,
-    /// Whether the input gradient is gathered (`gather.rs`) instead of scattered.
-    gathers: bool,
-    /// How far past a tap's offset any kernel reads or writes: `len`, or the end of the last
-    /// row's last vector if that is further.
-    reach: usize,
-    /// `offset(k)` for every tap `k = (ci, ky, kx)`, in weight order.
-    offsets: Vec<usize>,
-    /// Padded input buffer length: every read `offset(k) + p`, `p < len`, is inside.
-    pub(super) input_len: usize,
-}
-
-impl Wide {
-    /// The layout of `g`.
-    pub(super) fn new(g: &Conv2dGeometry) -> Self {
-        let [kh, kw] = g.kernel;
-        let [oh, ow] = g.output;
-        let padded = [oh + kh - 1, ow + kw - 1];
-        let len = wide_len(g);
-        let plane = padded[0] * padded[1];
-        let mut offsets = Vec::with_capacity(g.c_in * kh * kw);
-        for ci in 0..g.c_in {
-            for ky in 0..kh {
-                for kx in 0..kw {
-                    offsets.push(ci * plane + ky * padded[1] + kx);
-                }
-            }
-        }
-        let row_lanes = ow.next_multiple_of(rows::unit());
-        // By rows where that computes fewer lanes than the wide length, or up to 6% more
-        // on layers of at most 16 input channels, where copying the output out of the wide
-        // layout costs more than the extra products (ResNet-20's 28×28 stage: its evaluation on
-        // 1×28×28 inputs 6–8% faster; at 32 and 64 channels within noise or slower).
-        let by_rows = oh * row_lanes < len || (g.c_in <= 16 && 100 * oh * row_lanes <= 106 * len);
-        let reach = if by_rows {
-            len.max((oh - 1) * padded[1] + row_lanes)
-        } else {
-            len
-        };
-        let input_len = offsets.last().copied().unwrap_or(0) + reach;
-        // The scatter's lanes: the wide length, input channels in its tiles.
-        let scatter_channels = g.c_in.next_multiple_of(channel_tile(g.c_in));
-        let gathers = gather::worth_it(g, len, scatter_channels);
-        let channel_tile = channel_tile(g.c_out);
-        Wide {
-            c_in: g.c_in,
-            c_out_padded: g.c_out.next_multiple_of(channel_tile),
-            channel_tile,
-            input: g.input,
-            pad_begin: g.pad_begin,
-            padded,
-            output: g.output,
-            len,
-            by_rows,
-            gathers,
-            reach,
-            offsets,
-            input_len,
-        }
-    }
-
-    /// Copies one sample into the zero-padded input buffer. Writes only the sample's values:
-    /// `buf` must hold zeros everywhere else, which a zeroed buffer written only by this
-    /// function (for the same layout) does, so per-thread buffers are zeroed once, not per
-    /// sample.
-    fn pad_input(&self, x_n: &[f32], buf: &mut [f32]) {
-        let [h, w] = self.input;
-        let [hp, wp] = self.padded;
-        let [ph, pw] = self.pad_begin;
-        let plane = hp * wp;
-        if [ph, pw] == [0, 0] && [hp, wp] == [h, w] {
-            // Unpadded and nothing cut off: the planes are already laid out as needed.
-            let body = self.c_in * plane;
-            buf[..body].copy_from_slice(&x_n[..body]);
-            return;
-        }
-        let (rows, cols) = (hp.min(h + ph), w.min(wp.saturating_sub(pw)));
-        for ci in 0..self.c_in {
-            let src = &x_n[ci * h * w..(ci + 1) * h * w];
-            let dst = &mut buf[ci * plane..(ci + 1) * plane];
-            for r in ph..rows {
-                let row = &src[(r - ph) * w..][..cols];
-                dst[r * wp + pw..][..cols].copy_from_slice(row);
-            }
-        }
-    }
-
-    /// Zero-padded copies of `count` consecutive samples (`x`, `sample_len` floats each), one
-    /// every `input_len` floats.
-    pub(super) fn pad_inputs(&self, x: &[f32], sample_len: usize, count: usize) -> Aligned {
-        let mut padded = Aligned::zeroed(count * self.input_len);
-        for n in 0..count {
-            let buf = &mut padded[n * self.input_len..(n + 1) * self.input_len];
-            self.pad_input(&x[n * sample_len..(n + 1) * sample_len], buf);
-        }
-        padded
-    }
-
-    /// Spreads one sample's output gradient `[c_out, oh, ow]` into the wide layout. Like
-    /// [`Wide::pad_input`], writes only the values: the extra columns, the tail and the padding
-    /// channels of `buf` must already be zero.
-    fn widen(&self, dy_n: &[f32], c_out: usize, buf: &mut [f32]) {
-        let [oh, ow] = self.output;
-        let wp = self.padded[1];
-        for co in 0..c_out {
-            for oy in 0..oh {
-                let src = &dy_n[(co * oh + oy) * ow..][..ow];
-                buf[co * self.len + oy * wp..][..ow].copy_from_slice(src);
-            }
-        }
     }
 }
 

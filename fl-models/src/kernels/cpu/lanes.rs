@@ -33,6 +33,7 @@ use std::mem::MaybeUninit;
 use rayon::prelude::*;
 
 use super::{Aligned, Conv2dGeometry, PassPath, common_depth_block, written_whole_with_spare};
+use crate::kernels::direct::Wide;
 use crate::kernels::isa::{Isa, uses};
 
 /// Samples per vector ([`Lanes16`](crate::kernels::lanes16::Lanes16): one AVX-512 register or two AVX2 ones).
@@ -147,12 +148,11 @@ fn applies(g: &Conv2dGeometry) -> bool {
 fn takes_map(g: &Conv2dGeometry) -> bool {
     let kernel_taps = g.kernel[0] * g.kernel[1];
     if (MAX_PIXELS + 1..=MAX_PIXELS_WIDE).contains(&g.out_plane()) {
-        // The direct kernels' products: each output row in whole vectors of 16 lanes.
-        let direct = g.output[0] * g.output[1].next_multiple_of(LANES) * kernel_taps;
         return uses(Isa::Avx512)
             && g.stride == [1, 1]
             && g.kernel.iter().all(|&k| k > 1)
-            && 100 * valid_taps_total(g) <= WIDE_USEFUL_PERCENT * direct;
+            && 100 * valid_taps_total(g)
+                <= WIDE_USEFUL_PERCENT * Wide::new(g).forward_lanes() * kernel_taps;
     }
     let valid_percent = if uses(Isa::Avx512) { 85 } else { 75 };
     (1..=MAX_PIXELS).contains(&g.out_plane())
