@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 
 /// Rows of gemm's register tile for `f32`, which its depth blocks depend on: 4 vectors of 16
 /// where the CPU has AVX-512F (`gemm` is built with `x86-v4`, and picks its kernel from the CPU,
-/// not from [`super::isa`]'s cap), else 2 vectors of 8 (its FMA kernel).
+/// not from [`crate::kernels::isa`]'s cap), else 2 vectors of 8 (its FMA kernel).
 fn gemm_mr() -> usize {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512f") {

@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 use super::{ForwardArgs, LANES, Wide};
 use crate::kernels::cpu::first_lanes;
 
-/// The pixel vectors of each row of a `[rows, width]` plane ([`unit`] lanes each), a row's last
+/// The pixel vectors of each row of a `[rows, width]` plane ([`unit()`] lanes each), a row's last
 /// vector possibly partial: the forward pass's output rows, for maps where they are fewer than the wide
 /// layout's (rows 16 or 32 wide, or short rows under wide kernels: on 16×16 maps the wide layout
 /// computes 20 vectors per channel under 5×5 kernels, 18 under 3×3, for 16 of outputs), and the
@@ -20,7 +20,7 @@ pub(super) struct RowVectors {
     pub(super) dest: Vec<usize>,
     /// Its lanes that are pixels.
     pub(super) masks: Vec<u16>,
-    /// Lanes per vector ([`unit`] when built): the kernels' vector width must match it.
+    /// Lanes per vector ([`unit()`] when built): the kernels' vector width must match it.
     pub(super) unit: usize,
 }
 
@@ -34,7 +34,7 @@ pub(super) fn unit() -> usize {
 }
 
 impl RowVectors {
-    /// The [`unit`]-wide vectors of a `[rows, width]` plane, the one starting at column `x0` of
+    /// The [`unit()`]-wide vectors of a `[rows, width]` plane, the one starting at column `x0` of
     /// row `r` reading from `start(r, x0)`.
     pub(super) fn new([rows, width]: [usize; 2], start: impl Fn(usize, usize) -> usize) -> Self {
         let unit = unit();
