@@ -64,8 +64,8 @@ mod rows;
 mod wide;
 use pack::{channel_tile, pack_input_tiles, pack_weights};
 use rows::forward_rows;
-pub(super) use wide::Wide;
 use wide::wide_len;
+pub(super) use wide::{Wide, forward_lanes};
 
 /// Lanes per vector of the kernels ([`Lanes16`](super::lanes16::Lanes16)): the wide rows are
 /// padded to a multiple of it.

@@ -33,7 +33,7 @@ use std::mem::MaybeUninit;
 use rayon::prelude::*;
 
 use super::{Aligned, Conv2dGeometry, PassPath, common_depth_block, written_whole_with_spare};
-use crate::kernels::direct::Wide;
+use crate::kernels::direct;
 use crate::kernels::isa::{Isa, uses};
 
 /// Samples per vector ([`Lanes16`](crate::kernels::lanes16::Lanes16): one AVX-512 register or two AVX2 ones).
@@ -152,7 +152,7 @@ fn takes_map(g: &Conv2dGeometry) -> bool {
             && g.stride == [1, 1]
             && g.kernel.iter().all(|&k| k > 1)
             && 100 * valid_taps_total(g)
-                <= WIDE_USEFUL_PERCENT * Wide::new(g).forward_lanes() * kernel_taps;
+                <= WIDE_USEFUL_PERCENT * direct::forward_lanes(g) * kernel_taps;
     }
     let valid_percent = if uses(Isa::Avx512) { 85 } else { 75 };
     (1..=MAX_PIXELS).contains(&g.out_plane())

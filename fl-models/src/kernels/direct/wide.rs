@@ -11,6 +11,29 @@ pub(super) fn wide_len(g: &Conv2dGeometry) -> usize {
     ((oh - 1) * (ow + g.kernel[1] - 1) + ow).next_multiple_of(LANES)
 }
 
+/// Whether the forward pass computes each output row's own vectors
+/// ([`RowVectors`](rows::RowVectors)) instead of the wide length `len`, and a row's lanes.
+fn by_rows(g: &Conv2dGeometry, len: usize) -> (bool, usize) {
+    let [oh, ow] = g.output;
+    let row_lanes = ow.next_multiple_of(rows::unit());
+    // By rows where that computes fewer lanes than the wide length, or up to 6% more
+    // on layers of at most 16 input channels, where copying the output out of the wide
+    // layout costs more than the extra products (ResNet-20's 28×28 stage: its evaluation on
+    // 1×28×28 inputs 6–8% faster; at 32 and 64 channels within noise or slower).
+    let by_rows = oh * row_lanes < len || (g.c_in <= 16 && 100 * oh * row_lanes <= 106 * len);
+    (by_rows, row_lanes)
+}
+
+/// The output lanes per channel the direct kernels' forward pass computes for `g`: each row's
+/// own vectors or the wide length (what [`Wide::new`] picks, without building the layout).
+pub(in crate::kernels) fn forward_lanes(g: &Conv2dGeometry) -> usize {
+    let len = wide_len(g);
+    match by_rows(g, len) {
+        (true, row_lanes) => g.output[0] * row_lanes,
+        (false, _) => len,
+    }
+}
+
 /// The wide layout of one stride-1 convolution.
 pub(in crate::kernels) struct Wide {
     pub(super) c_in: usize,
@@ -55,12 +78,7 @@ impl Wide {
                 }
             }
         }
-        let row_lanes = ow.next_multiple_of(rows::unit());
-        // By rows where that computes fewer lanes than the wide length, or up to 6% more
-        // on layers of at most 16 input channels, where copying the output out of the wide
-        // layout costs more than the extra products (ResNet-20's 28×28 stage: its evaluation on
-        // 1×28×28 inputs 6–8% faster; at 32 and 64 channels within noise or slower).
-        let by_rows = oh * row_lanes < len || (g.c_in <= 16 && 100 * oh * row_lanes <= 106 * len);
+        let (by_rows, row_lanes) = by_rows(g, len);
         let reach = if by_rows {
             len.max((oh - 1) * padded[1] + row_lanes)
         } else {
@@ -85,16 +103,6 @@ impl Wide {
             reach,
             offsets,
             input_len,
-        }
-    }
-
-    /// The output lanes per channel the forward pass computes: each row's own vectors
-    /// ([`RowVectors`](rows::RowVectors)) or the wide length.
-    pub(in crate::kernels) fn forward_lanes(&self) -> usize {
-        if self.by_rows {
-            self.output[0] * self.output[1].next_multiple_of(rows::unit())
-        } else {
-            self.len
         }
     }
 
