@@ -101,7 +101,8 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
         ),
         // On AVX-512 only, maps where the direct kernels' rows waste lanes: ResNet-20's 14×14
         // stage on 1×28×28 inputs (batch 50: a tail on the direct kernels), CNN1's and CNN2's
-        // 16×16 layer under 5×5 kernels, CNN4's 14×14 one.
+        // 16×16 layer under 5×5 kernels, CNN4's 14×14 one, and the FedAvg CNN's unpadded 8×8
+        // one on 1×28×28 inputs.
         (
             geometry([50, 32, 14, 14], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]),
             false,
@@ -112,6 +113,10 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
         ),
         (
             geometry([24, 32, 14, 14], [32, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+            false,
+        ),
+        (
+            geometry([50, 32, 12, 12], [64, 5, 5], [1, 1], [(0, 0), (0, 0)]),
             false,
         ),
     ];
