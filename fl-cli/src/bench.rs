@@ -405,11 +405,12 @@ fn peak_rss_mib() -> Option<f64> {
 /// VGG-16 on 3×32×32 inputs, one row per distinct shape, their 1×28×28 maps where the kernel
 /// paths differ (the FedAvg CNN's unpadded 24×24 and 8×8, ResNet-20's and VGG-16's 7×7,
 /// VGG-16's 3×3 and 1×1), and pFedClub's CNN1–CNN4
-/// layers at 3×32×32 and where their kernel paths differ at 1×28×28, and MobileNetV1's pointwise
-/// (1×1) layers, one per map size. A first layer's input gradient is never computed in
+/// layers at 3×32×32 and where their kernel paths differ at 1×28×28, MobileNetV1's pointwise
+/// (1×1) layers, one per map size, and MobileNetV2's narrow ones on 32×32 maps (24 ↔ 144
+/// channels: gemm's products with a short side). A first layer's input gradient is never computed in
 /// training; its row still times one.
 #[cfg(feature = "flex")]
-const KERNEL_SHAPES: [(&str, [usize; 5]); 42] = [
+const KERNEL_SHAPES: [(&str, [usize; 5]); 44] = [
     ("cnn conv1", [3, 6, 32, 5, 0]),
     ("cnn conv2", [6, 16, 14, 5, 0]),
     ("cnn-fedavg conv1", [3, 32, 32, 5, 0]),
@@ -452,6 +453,8 @@ const KERNEL_SHAPES: [(&str, [usize; 5]); 42] = [
     ("mobilenet-v1 pw5 (1×28×28)", [256, 256, 7, 1, 0]),
     ("mobilenet-v1 pw7–pw11", [512, 512, 4, 1, 0]),
     ("mobilenet-v1 pw13", [1024, 1024, 2, 1, 0]),
+    ("mobilenet-v2 pw expand (32×32)", [24, 144, 32, 1, 0]),
+    ("mobilenet-v2 pw project (32×32)", [144, 24, 32, 1, 0]),
 ];
 
 /// The models' large fully connected layers (`d_in → d_out`), one row per distinct shape:
@@ -471,7 +474,8 @@ const LINEAR_SHAPES: [(&str, [usize; 2]); 7] = [
 /// The MobileNets' depthwise layers `(channels, size, kernel, stride)` at 3×32×32 (and where
 /// their maps differ, 1×28×28): one per map size and kernel, large maps to the smallest.
 #[cfg(feature = "flex")]
-const DEPTHWISE_SHAPES: [(&str, [usize; 4]); 10] = [
+const DEPTHWISE_SHAPES: [(&str, [usize; 4]); 11] = [
+    ("mobilenet-v2 dw (144 @ 32×32)", [144, 32, 3, 1]),
     ("mobilenet-v1 dw2", [128, 16, 3, 1]),
     ("mobilenet-v1 dw4", [256, 8, 3, 1]),
     ("mobilenet-v1 dw5 (stride 2)", [256, 8, 3, 2]),

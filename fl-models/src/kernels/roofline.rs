@@ -292,7 +292,9 @@ pub fn depthwise_rates(shape: DepthwiseShape, batch: usize, seconds: f64) -> Dep
         // Timed once where the layer takes the per-plane path anyway.
         planes: match path {
             cpu::DepthwisePath::Planes => chosen,
-            cpu::DepthwisePath::Channels => rates(cpu::DepthwisePath::Planes),
+            cpu::DepthwisePath::Channels | cpu::DepthwisePath::Direct => {
+                rates(cpu::DepthwisePath::Planes)
+            }
         },
     }
 }

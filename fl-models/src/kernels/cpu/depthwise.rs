@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use std::mem::MaybeUninit;
 
-use super::{Conv2dGeometry, depthwise_channels};
+use super::{Conv2dGeometry, depthwise_channels, depthwise_direct};
 
 /// Partial sums per weight-gradient tap (a fixed count, so every tier adds in the same order).
 pub(super) const LANES: usize = 32;
@@ -200,6 +200,9 @@ pub(crate) enum DepthwisePath {
     Planes,
     /// Small maps, vectorised across channels (`depthwise_channels.rs`).
     Channels,
+    /// Stride 1, rows as wide as the input's: straight from the planes with masked loads
+    /// (`depthwise_direct.rs`; the weight gradient on the planes).
+    Direct,
 }
 
 impl DepthwisePath {
@@ -207,6 +210,8 @@ impl DepthwisePath {
     pub(crate) fn of(g: &Conv2dGeometry) -> Self {
         if depthwise_channels::applies(g) {
             Self::Channels
+        } else if depthwise_direct::applies(g) {
+            Self::Direct
         } else {
             Self::Planes
         }
@@ -217,6 +222,7 @@ impl DepthwisePath {
         match self {
             Self::Planes => "planes",
             Self::Channels => "channels in lanes",
+            Self::Direct => "direct",
         }
     }
 }
@@ -233,8 +239,10 @@ pub(crate) fn forward_by(
     x: &[f32],
     weight: &[f32],
 ) -> Vec<f32> {
-    if path == DepthwisePath::Channels {
-        return depthwise_channels::forward(g, x, weight);
+    match path {
+        DepthwisePath::Channels => return depthwise_channels::forward(g, x, weight),
+        DepthwisePath::Direct => return depthwise_direct::forward(g, x, weight),
+        DepthwisePath::Planes => {}
     }
     let (in_plane, out_plane) = planes(g);
     let taps = g.kernel[0] * g.kernel[1];
@@ -301,8 +309,10 @@ pub(crate) fn input_grad_by(
     weight: &[f32],
     dy: &[f32],
 ) -> Vec<f32> {
-    if path == DepthwisePath::Channels {
-        return depthwise_channels::input_grad(g, weight, dy);
+    match path {
+        DepthwisePath::Channels => return depthwise_channels::input_grad(g, weight, dy),
+        DepthwisePath::Direct => return depthwise_direct::input_grad(g, weight, dy),
+        DepthwisePath::Planes => {}
     }
     let (in_plane, out_plane) = planes(g);
     let taps = g.kernel[0] * g.kernel[1];

@@ -45,6 +45,7 @@ mod columns;
 pub(super) mod dense;
 mod depthwise;
 mod depthwise_channels;
+mod depthwise_direct;
 mod direct_wgrad;
 mod gemm;
 mod lanes;

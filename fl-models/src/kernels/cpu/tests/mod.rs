@@ -446,6 +446,16 @@ fn depthwise_cases() -> Vec<Conv2dGeometry> {
         dw([2, 16, 8, 8], [3, 3], [1, 1], [(1, 1), (1, 1)]),
         dw([2, 24, 11, 11], [5, 5], [2, 2], [(2, 2), (2, 2)]),
         dw([2, 17, 7, 10], [2, 4], [1, 3], [(1, 0), (0, 2)]),
+        // `depthwise_direct.rs`'s maps: stride 1, rows as wide as the input's (16×16, 14×14
+        // and 7×7: planes over a block of vectors, and partial vectors; 5×5 kernels; a map
+        // narrower than a vector; asymmetric padding; fewer output rows than input rows).
+        dw([2, 3, 16, 16], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+        dw([2, 3, 14, 14], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+        dw([3, 5, 7, 7], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+        dw([2, 3, 9, 9], [5, 5], [1, 1], [(2, 2), (2, 2)]),
+        dw([2, 3, 3, 5], [3, 3], [1, 1], [(1, 1), (1, 1)]),
+        dw([2, 3, 6, 11], [2, 4], [1, 1], [(1, 0), (2, 1)]),
+        dw([2, 3, 9, 12], [3, 3], [1, 1], [(0, 0), (1, 1)]),
     ]
 }
 
@@ -541,8 +551,22 @@ fn depthwise_sums_run_in_tap_order() {
             let dy = values(g.batch * g.output_len(), 33);
             let [y, dx] = tap_ordered_depthwise(&g, &x, &w, &dy);
             let dw = tap_ordered_depthwise_weight_grad(&g, &x, &dy);
-            // Both paths on every case, whichever `DepthwisePath::of` picks.
-            for path in [DepthwisePath::Planes, DepthwisePath::Channels] {
+            // Every path on every case it can take, whichever `DepthwisePath::of` picks.
+            let direct = depthwise_direct::applies(&g);
+            assert_eq!(
+                direct,
+                isa == Isa::Avx512 && g.stride == [1, 1] && g.output[1] == g.input[1],
+                "{g:?}"
+            );
+            let paths = [
+                DepthwisePath::Planes,
+                DepthwisePath::Channels,
+                DepthwisePath::Direct,
+            ];
+            for path in paths
+                .into_iter()
+                .filter(|&p| direct || p != DepthwisePath::Direct)
+            {
                 let at = format!("{isa:?} {path:?} {g:?}");
                 assert_eq!(bits(&forward_by(path, &g, &x, &w)), bits(&y), "{at}: y");
                 assert_eq!(
