@@ -403,16 +403,18 @@ fn peak_rss_mib() -> Option<f64> {
 
 /// The 3×3 and 5×5 stride-1 convolutions of the FedMR CNN, the FedAvg CNN, ResNet-20 and
 /// VGG-16 on 3×32×32 inputs, one row per distinct shape, their 1×28×28 maps where the kernel
-/// paths differ (the FedAvg CNN's unpadded 24×24 and 8×8, ResNet-20's and VGG-16's 7×7,
+/// paths differ (the FedMR and FedAvg CNNs' unpadded 24×24 and 8×8, ResNet-20's and VGG-16's 7×7,
 /// VGG-16's 3×3 and 1×1), and pFedClub's CNN1–CNN4
 /// layers at 3×32×32 and where their kernel paths differ at 1×28×28, MobileNetV1's pointwise
 /// (1×1) layers, one per map size, and MobileNetV2's narrow ones on 32×32 maps (24 ↔ 144
 /// channels: gemm's products with a short side). A first layer's input gradient is never computed in
 /// training; its row still times one.
 #[cfg(feature = "flex")]
-const KERNEL_SHAPES: [(&str, [usize; 5]); 44] = [
+const KERNEL_SHAPES: [(&str, [usize; 5]); 46] = [
     ("cnn conv1", [3, 6, 32, 5, 0]),
     ("cnn conv2", [6, 16, 14, 5, 0]),
+    ("cnn conv1 (1×28×28)", [1, 16, 28, 5, 0]),
+    ("cnn conv2 (1×28×28)", [16, 32, 12, 5, 0]),
     ("cnn-fedavg conv1", [3, 32, 32, 5, 0]),
     ("cnn-fedavg conv2", [32, 64, 14, 5, 0]),
     ("cnn-fedavg conv1 (1×28×28)", [1, 32, 28, 5, 0]),

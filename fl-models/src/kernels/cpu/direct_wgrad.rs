@@ -25,6 +25,10 @@ use crate::kernels::isa::{Isa, uses};
 
 /// Output channels per register tile under 5-wide kernels: four vectors.
 const CHANNEL_TILE: usize = 64;
+/// Output channels per register tile under 5-wide kernels on AVX-512 where `c_out` is a
+/// multiple of it but not of [`CHANNEL_TILE`]: two vectors (the FedMR CNN's 32-channel layer on
+/// 1×28×28 inputs, whose direct kernels waste a third of their lanes on its unpadded 8×8 map).
+const HALF_TILE: usize = 32;
 /// Output channels per register tile under 3×3 kernels: two vectors (× 9 taps).
 const CHANNEL_TILE_3X3: usize = 32;
 /// Output channels per stream tile under 3×3 kernels where `c_out` is a multiple of it: four
@@ -50,6 +54,9 @@ const MAX_PIXELS: usize = 256;
 pub(super) fn applies(g: &Conv2dGeometry) -> bool {
     let tile = match g.kernel {
         [3, 3] => CHANNEL_TILE_3X3,
+        [_, KERNEL_WIDTH] if uses(Isa::Avx512) && !g.c_out.is_multiple_of(CHANNEL_TILE) => {
+            HALF_TILE
+        }
         [_, KERNEL_WIDTH] => CHANNEL_TILE,
         _ => return false,
     };
@@ -105,7 +112,8 @@ fn chunk(
     let tile = match (three, uses(Isa::Avx512)) {
         (true, _) if g.c_out.is_multiple_of(WIDE_TILE_3X3) => WIDE_TILE_3X3,
         (true, _) => CHANNEL_TILE_3X3,
-        (false, true) => CHANNEL_TILE,
+        (false, true) if g.c_out.is_multiple_of(CHANNEL_TILE) => CHANNEL_TILE,
+        (false, true) => HALF_TILE,
         (false, false) => 16,
     };
     let dy_t = class_streams(g, dy, classes, count, tile);
@@ -158,6 +166,8 @@ fn chunk(
                         let at = [co0, ci, ky];
                         if tile == CHANNEL_TILE {
                             tiles::kernel_row_avx512::<KERNEL_WIDTH, 4>(&args, at, &mut dw);
+                        } else if tile == HALF_TILE {
+                            tiles::kernel_row_avx512::<KERNEL_WIDTH, 2>(&args, at, &mut dw);
                         } else {
                             tiles::kernel_row_avx2::<KERNEL_WIDTH, 1>(&args, at, &mut dw);
                         }
