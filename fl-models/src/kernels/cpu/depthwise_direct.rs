@@ -37,80 +37,48 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
         && g.out_plane() > 0
 }
 
-/// Per tap, the offset its input lies at from its output (forward pass) and, per vector of a
-/// plane and tap, the lanes whose input lies inside the plane; the same for the input
-/// gradient's gather (offsets negated, lanes whose output exists).
-struct Taps {
-    offsets: Vec<isize>,
-    /// `[vector][tap]`, vectors rounded up to whole blocks (the extra ones empty).
-    forward: Vec<u16>,
-    backward: Vec<u16>,
+/// Per tap `(ky, kx)` in weight order, the shift from an output pixel to the input pixel it
+/// reads: `(ky − pt, kx − pl)`.
+fn shifts(g: &Conv2dGeometry) -> Vec<[isize; 2]> {
+    let [kh, kw] = g.kernel;
+    let [pt, pl] = g.pad_begin.map(|p| p as isize);
+    (0..kh * kw)
+        .map(|k| [(k / kw) as isize - pt, (k % kw) as isize - pl])
+        .collect()
 }
 
-impl Taps {
-    fn new(g: &Conv2dGeometry) -> Self {
-        let ([h, w], [oh, ow]) = (g.input, g.output);
-        let [kh, kw] = g.kernel;
-        let [pt, pl] = g.pad_begin.map(|p| p as isize);
-        let taps = kh * kw;
-        let offsets: Vec<isize> = (0..taps)
-            .map(|k| ((k / kw) as isize - pt) * w as isize + (k % kw) as isize - pl)
-            .collect();
-        let (out_vectors, in_vectors) = (vectors(oh * ow), vectors(h * w));
-        let (mut forward, mut backward) = (vec![0; out_vectors * taps], vec![0; in_vectors * taps]);
-        let inside = |y: isize, x: isize, [rows, cols]: [usize; 2]| {
-            (0..rows as isize).contains(&y) && (0..cols as isize).contains(&x)
-        };
-        for k in 0..taps {
-            let (ky, kx) = ((k / kw) as isize, (k % kw) as isize);
-            for p in 0..oh * ow {
-                let (oy, ox) = ((p / ow) as isize, (p % ow) as isize);
-                if inside(oy + ky - pt, ox + kx - pl, g.input) {
-                    forward[(p / LANES) * taps + k] |= 1 << (p % LANES);
-                }
+/// The gather of `dst[p] = Σ_k w[k] · src[p + d_k]` over `[rows, cols]` planes as wide as each
+/// other: per tap, `d_k` (`shifts[k]` flattened), and per vector of a `dst` plane (rounded up
+/// to whole blocks, the extra ones empty) and tap, the lanes whose source pixel lies in `src`.
+fn gather_taps(shifts: &[[isize; 2]], dst: [usize; 2], src: [usize; 2]) -> (Vec<isize>, Vec<u16>) {
+    let (taps, cols) = (shifts.len(), dst[1]);
+    let offsets = shifts.iter().map(|&[y, x]| y * cols as isize + x).collect();
+    let pixels = dst[0] * cols;
+    let mut masks = vec![0u16; pixels.div_ceil(LANES).next_multiple_of(BLOCK) * taps];
+    for (k, &[sy, sx]) in shifts.iter().enumerate() {
+        for p in 0..pixels {
+            let (y, x) = ((p / cols) as isize + sy, (p % cols) as isize + sx);
+            if (0..src[0] as isize).contains(&y) && (0..src[1] as isize).contains(&x) {
+                masks[(p / LANES) * taps + k] |= 1 << (p % LANES);
             }
-            for i in 0..h * w {
-                let (iy, ix) = ((i / w) as isize, (i % w) as isize);
-                if inside(iy - ky + pt, ix - kx + pl, g.output) {
-                    backward[(i / LANES) * taps + k] |= 1 << (i % LANES);
-                }
-            }
-        }
-        Self {
-            offsets,
-            forward,
-            backward,
         }
     }
-}
-
-/// Vectors covering `pixels`, rounded up to whole blocks.
-fn vectors(pixels: usize) -> usize {
-    pixels.div_ceil(LANES).next_multiple_of(BLOCK)
+    (offsets, masks)
 }
 
 /// Depthwise forward pass (no bias), the same bits as `depthwise::forward_by`.
 pub(super) fn forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
-    let (in_plane, out_plane) = (g.input[0] * g.input[1], g.out_plane());
-    let taps = Taps::new(g);
-    gather(
-        g,
-        x,
-        weight,
-        in_plane,
-        out_plane,
-        &taps.offsets,
-        &taps.forward,
-    )
+    let (offsets, masks) = gather_taps(&shifts(g), g.output, g.input);
+    gather(g, x, weight, g.in_plane(), g.out_plane(), &offsets, &masks)
 }
 
 /// Gradient of [`forward`] with respect to its input, the same bits as
-/// `depthwise::input_grad_by`.
+/// `depthwise::input_grad_by`: each input pixel gathers the outputs that read it, through the
+/// mirrored shifts.
 pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    let (in_plane, out_plane) = (g.input[0] * g.input[1], g.out_plane());
-    let taps = Taps::new(g);
-    let offsets: Vec<isize> = taps.offsets.iter().map(|d| -d).collect();
-    gather(g, dy, weight, out_plane, in_plane, &offsets, &taps.backward)
+    let mirrored: Vec<[isize; 2]> = shifts(g).iter().map(|&[y, x]| [-y, -x]).collect();
+    let (offsets, masks) = gather_taps(&mirrored, g.input, g.output);
+    gather(g, dy, weight, g.out_plane(), g.in_plane(), &offsets, &masks)
 }
 
 /// `dst[p] = Σ_k w[k] · src[p + offsets[k]]` over the taps `masks` lets through, per plane.
