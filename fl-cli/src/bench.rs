@@ -407,56 +407,73 @@ fn peak_rss_mib() -> Option<f64> {
 /// VGG-16's 3×3 and 1×1), and pFedClub's CNN1–CNN4
 /// layers at 3×32×32 and where their kernel paths differ at 1×28×28, MobileNetV1's pointwise
 /// (1×1) layers, one per map size, and MobileNetV2's narrow ones on 32×32 maps (24 ↔ 144
-/// channels: gemm's products with a short side). A first layer's input gradient is never computed in
-/// training; its row still times one.
+/// channels: gemm's products with a short side), the pointwise layers of `resnet20-ref`'s
+/// bottlenecks on 32×32 maps and its 1×28×28 maps, and the stride-2 layers of both ResNet-20s.
+/// `[c_in, c_out, size, kernel, padding, stride]`. A first layer's input gradient is never
+/// computed in training; its row still times one.
 #[cfg(feature = "flex")]
-const KERNEL_SHAPES: [(&str, [usize; 5]); 46] = [
-    ("cnn conv1", [3, 6, 32, 5, 0]),
-    ("cnn conv2", [6, 16, 14, 5, 0]),
-    ("cnn conv1 (1×28×28)", [1, 16, 28, 5, 0]),
-    ("cnn conv2 (1×28×28)", [16, 32, 12, 5, 0]),
-    ("cnn-fedavg conv1", [3, 32, 32, 5, 0]),
-    ("cnn-fedavg conv2", [32, 64, 14, 5, 0]),
-    ("cnn-fedavg conv1 (1×28×28)", [1, 32, 28, 5, 0]),
-    ("cnn-fedavg conv2 (1×28×28)", [32, 64, 12, 5, 0]),
-    ("resnet20 stage 1", [16, 16, 32, 3, 1]),
-    ("resnet20 stage 2", [32, 32, 16, 3, 1]),
-    ("resnet20 stage 3", [64, 64, 8, 3, 1]),
-    ("resnet20 stage 1 (1×28×28)", [16, 16, 28, 3, 1]),
-    ("resnet20 stage 2 (1×28×28)", [32, 32, 14, 3, 1]),
-    ("resnet20 stage 3 (1×28×28)", [64, 64, 7, 3, 1]),
-    ("vgg16 block 1", [64, 64, 32, 3, 1]),
-    ("vgg16 block 2", [128, 128, 16, 3, 1]),
-    ("vgg16 block 3", [256, 256, 8, 3, 1]),
-    ("vgg16 block 2 (1×28×28)", [128, 128, 14, 3, 1]),
-    ("vgg16 block 3 (1×28×28)", [256, 256, 7, 3, 1]),
-    ("vgg16 block 4", [512, 512, 4, 3, 1]),
-    ("vgg16 block 5", [512, 512, 2, 3, 1]),
-    ("vgg16 block 4 (1×28×28)", [512, 512, 3, 3, 1]),
-    ("vgg16 block 5 (1×28×28)", [512, 512, 1, 3, 1]),
-    ("cnn1–cnn4 conv1", [3, 32, 32, 5, 2]),
-    ("cnn4 conv2", [32, 32, 32, 3, 1]),
-    ("cnn4 conv3", [32, 64, 16, 3, 1]),
-    ("cnn4 conv4", [64, 64, 16, 5, 2]),
-    ("cnn4 conv5", [64, 128, 8, 3, 1]),
-    ("cnn4 conv6", [128, 128, 8, 3, 1]),
-    ("cnn1/cnn2 conv2", [32, 64, 16, 5, 2]),
-    ("cnn2 conv3", [64, 128, 8, 5, 2]),
-    ("cnn3 conv2 (1×28×28)", [32, 64, 14, 5, 2]),
-    ("cnn4 conv2 (1×28×28)", [32, 32, 28, 3, 1]),
-    ("cnn4 conv4 (1×28×28)", [64, 64, 14, 5, 2]),
-    ("cnn3 conv4", [128, 128, 8, 5, 2]),
-    ("cnn3 conv4 (1×28×28)", [128, 128, 7, 5, 2]),
-    ("cnn3 conv5", [128, 256, 4, 5, 2]),
-    ("cnn3 conv5 (1×28×28)", [128, 256, 3, 5, 2]),
-    ("mobilenet-v1 pw1", [32, 64, 32, 1, 0]),
-    ("mobilenet-v1 pw3", [128, 128, 16, 1, 0]),
-    ("mobilenet-v1 pw5", [256, 256, 8, 1, 0]),
-    ("mobilenet-v1 pw5 (1×28×28)", [256, 256, 7, 1, 0]),
-    ("mobilenet-v1 pw7–pw11", [512, 512, 4, 1, 0]),
-    ("mobilenet-v1 pw13", [1024, 1024, 2, 1, 0]),
-    ("mobilenet-v2 pw expand (32×32)", [24, 144, 32, 1, 0]),
-    ("mobilenet-v2 pw project (32×32)", [144, 24, 32, 1, 0]),
+const KERNEL_SHAPES: [(&str, [usize; 6]); 55] = [
+    ("cnn conv1", [3, 6, 32, 5, 0, 1]),
+    ("cnn conv2", [6, 16, 14, 5, 0, 1]),
+    ("cnn conv1 (1×28×28)", [1, 16, 28, 5, 0, 1]),
+    ("cnn conv2 (1×28×28)", [16, 32, 12, 5, 0, 1]),
+    ("cnn-fedavg conv1", [3, 32, 32, 5, 0, 1]),
+    ("cnn-fedavg conv2", [32, 64, 14, 5, 0, 1]),
+    ("cnn-fedavg conv1 (1×28×28)", [1, 32, 28, 5, 0, 1]),
+    ("cnn-fedavg conv2 (1×28×28)", [32, 64, 12, 5, 0, 1]),
+    ("resnet20 stage 1", [16, 16, 32, 3, 1, 1]),
+    ("resnet20 stage 2", [32, 32, 16, 3, 1, 1]),
+    ("resnet20 stage 3", [64, 64, 8, 3, 1, 1]),
+    ("resnet20 stage 1 (1×28×28)", [16, 16, 28, 3, 1, 1]),
+    ("resnet20 stage 2 (1×28×28)", [32, 32, 14, 3, 1, 1]),
+    ("resnet20 stage 3 (1×28×28)", [64, 64, 7, 3, 1, 1]),
+    ("vgg16 block 1", [64, 64, 32, 3, 1, 1]),
+    ("vgg16 block 2", [128, 128, 16, 3, 1, 1]),
+    ("vgg16 block 3", [256, 256, 8, 3, 1, 1]),
+    ("vgg16 block 2 (1×28×28)", [128, 128, 14, 3, 1, 1]),
+    ("vgg16 block 3 (1×28×28)", [256, 256, 7, 3, 1, 1]),
+    ("vgg16 block 4", [512, 512, 4, 3, 1, 1]),
+    ("vgg16 block 5", [512, 512, 2, 3, 1, 1]),
+    ("vgg16 block 4 (1×28×28)", [512, 512, 3, 3, 1, 1]),
+    ("vgg16 block 5 (1×28×28)", [512, 512, 1, 3, 1, 1]),
+    ("cnn1–cnn4 conv1", [3, 32, 32, 5, 2, 1]),
+    ("cnn4 conv2", [32, 32, 32, 3, 1, 1]),
+    ("cnn4 conv3", [32, 64, 16, 3, 1, 1]),
+    ("cnn4 conv4", [64, 64, 16, 5, 2, 1]),
+    ("cnn4 conv5", [64, 128, 8, 3, 1, 1]),
+    ("cnn4 conv6", [128, 128, 8, 3, 1, 1]),
+    ("cnn1/cnn2 conv2", [32, 64, 16, 5, 2, 1]),
+    ("cnn2 conv3", [64, 128, 8, 5, 2, 1]),
+    ("cnn3 conv2 (1×28×28)", [32, 64, 14, 5, 2, 1]),
+    ("cnn4 conv2 (1×28×28)", [32, 32, 28, 3, 1, 1]),
+    ("cnn4 conv4 (1×28×28)", [64, 64, 14, 5, 2, 1]),
+    ("cnn3 conv4", [128, 128, 8, 5, 2, 1]),
+    ("cnn3 conv4 (1×28×28)", [128, 128, 7, 5, 2, 1]),
+    ("cnn3 conv5", [128, 256, 4, 5, 2, 1]),
+    ("cnn3 conv5 (1×28×28)", [128, 256, 3, 5, 2, 1]),
+    ("mobilenet-v1 pw1", [32, 64, 32, 1, 0, 1]),
+    ("mobilenet-v1 pw3", [128, 128, 16, 1, 0, 1]),
+    ("mobilenet-v1 pw5", [256, 256, 8, 1, 0, 1]),
+    ("mobilenet-v1 pw5 (1×28×28)", [256, 256, 7, 1, 0, 1]),
+    ("mobilenet-v1 pw7–pw11", [512, 512, 4, 1, 0, 1]),
+    ("mobilenet-v1 pw13", [1024, 1024, 2, 1, 0, 1]),
+    ("mobilenet-v2 pw expand (32×32)", [24, 144, 32, 1, 0, 1]),
+    ("mobilenet-v2 pw project (32×32)", [144, 24, 32, 1, 0, 1]),
+    ("resnet20-ref pw 16→64 (32×32)", [16, 64, 32, 1, 0, 1]),
+    ("resnet20-ref pw 64→16 (32×32)", [64, 16, 32, 1, 0, 1]),
+    ("resnet20-ref pw 128→32 (1×28×28)", [128, 32, 14, 1, 0, 1]),
+    ("resnet20-ref pw 64→256 (1×28×28)", [64, 256, 7, 1, 0, 1]),
+    ("resnet20 stride 2 (32×32 → 16×16)", [16, 32, 32, 3, 1, 2]),
+    ("resnet20 stride 2 (16×16 → 8×8)", [32, 64, 16, 3, 1, 2]),
+    (
+        "resnet20-ref stride 2 (32×32 → 16×16)",
+        [32, 32, 32, 3, 1, 2],
+    ),
+    ("resnet20-ref stride 2 (16×16 → 8×8)", [64, 64, 16, 3, 1, 2]),
+    (
+        "resnet20-ref shortcut stride 2 (32×32 → 16×16)",
+        [64, 128, 32, 1, 0, 2],
+    ),
 ];
 
 /// The models' large fully connected layers (`d_in → d_out`), one row per distinct shape:
@@ -546,13 +563,14 @@ pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Resul
             );
             println!("|---|---|---|---|---|---|---|");
         }
-        for &&(name, [c_in, c_out, size, kernel, padding]) in &convs {
+        for &&(name, [c_in, c_out, size, kernel, padding, stride]) in &convs {
             let shape = ConvShape {
                 c_in,
                 c_out,
                 size,
                 kernel,
                 padding,
+                stride,
             };
             let r = pool.install(|| conv_rates(shape, 50, 0.5));
             let path = if r.path == r.weight_grad_path {
@@ -569,8 +587,13 @@ pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Resul
                 ),
                 _ => share(rate),
             };
+            let stride = if stride > 1 {
+                format!(", stride {stride}")
+            } else {
+                String::new()
+            };
             println!(
-                "| {name} | {c_in}→{c_out} @ {size}×{size}, {kernel}×{kernel} | {:.0}% | {path} | {} | {} | {} |",
+                "| {name} | {c_in}→{c_out} @ {size}×{size}, {kernel}×{kernel}{stride} | {:.0}% | {path} | {} | {} | {} |",
                 100.0 * valid,
                 cell(r.forward),
                 cell(r.input_grad),

@@ -97,8 +97,8 @@ mod fma {
     }
 }
 
-/// A dense convolution for [`conv_rates`]: square input and kernel, stride 1, zero padding
-/// `padding` on every side.
+/// A dense convolution for [`conv_rates`]: square input and kernel, zero padding `padding` on
+/// every side, the same stride along both axes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvShape {
     /// Input channels.
@@ -111,18 +111,20 @@ pub struct ConvShape {
     pub kernel: usize,
     /// Zero padding on each side.
     pub padding: usize,
+    /// Stride along both axes.
+    pub stride: usize,
 }
 
 impl ConvShape {
     fn geometry(&self, batch: usize) -> Conv2dGeometry {
-        let out = self.size + 2 * self.padding + 1 - self.kernel;
+        let out = (self.size + 2 * self.padding - self.kernel) / self.stride + 1;
         Conv2dGeometry {
             batch,
             c_in: self.c_in,
             input: [self.size; 2],
             c_out: self.c_out,
             kernel: [self.kernel; 2],
-            stride: [1, 1],
+            stride: [self.stride; 2],
             pad_begin: [self.padding; 2],
             output: [out; 2],
         }
@@ -141,7 +143,7 @@ impl ConvShape {
         let out = self.geometry(1).output[0];
         // (output index, tap) pairs along one axis whose input index lies inside the image.
         let axis = (0..out)
-            .flat_map(|o| (0..self.kernel).map(move |k| o + k))
+            .flat_map(|o| (0..self.kernel).map(move |k| o * self.stride + k))
             .filter(|&i| (self.padding..self.padding + self.size).contains(&i))
             .count();
         (axis * axis) as f64 / (out * self.kernel).pow(2) as f64
@@ -367,6 +369,7 @@ mod tests {
             size: 8,
             kernel: 3,
             padding: 1,
+            stride: 1,
         };
         assert_eq!(s.macs(), 16 * 32 * 9 * 64);
         assert_eq!(s.geometry(2).output, [8, 8]);
@@ -376,6 +379,10 @@ mod tests {
         let centre = ConvShape { size: 1, ..s };
         assert_eq!(centre.valid_share(), 1.0 / 9.0);
         assert_eq!(ConvShape { padding: 0, ..s }.valid_share(), 1.0);
+        // Stride 2 on 8×8: 4×4 outputs; per axis the first output's first tap reads the padding.
+        let strided = ConvShape { stride: 2, ..s };
+        assert_eq!(strided.geometry(1).output, [4, 4]);
+        assert_eq!(strided.valid_share(), (11.0 * 11.0) / (12.0 * 12.0));
         let rate = conv_rates(s, 2, 0.0);
         assert!(rate.forward > 0.0 && rate.input_grad > 0.0 && rate.weight_grad > 0.0);
         let fc = linear_rates(300, 40, 3, 0.0);
