@@ -55,6 +55,7 @@ mod path;
 mod pool;
 mod sample_wgrad;
 mod single_pixel;
+mod strided;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -402,6 +403,7 @@ fn forward_on(
     match path {
         PassPath::AcrossSamples(order) => lanes::forward(g, x, weight, bias, order),
         PassPath::Direct => super::direct::conv2d_forward(g, x, weight, bias),
+        PassPath::Strided => strided::forward(g, x, weight, bias),
         PassPath::Im2col => im2col_conv2d_forward(g, x, weight, bias),
     }
 }
@@ -531,6 +533,7 @@ fn input_grad_on(path: PassPath, g: &Conv2dGeometry, weight: &[f32], dy: &[f32])
     match path {
         PassPath::AcrossSamples(order) => lanes::input_grad(g, weight, dy, order),
         PassPath::Direct => super::direct::conv2d_input_grad(g, weight, dy),
+        PassPath::Strided => strided::input_grad(g, weight, dy),
         PassPath::Im2col => im2col_conv2d_input_grad(g, weight, dy),
     }
 }
@@ -636,6 +639,7 @@ pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
         WeightGradPath::SmallMap => narrow::weight_grad(g, x, dy),
         WeightGradPath::WithoutColumns => sample_wgrad::weight_grad(g, x, dy),
         WeightGradPath::SinglePixel => single_pixel::weight_grad(g, x, dy),
+        WeightGradPath::Strided => strided::weight_grad(g, x, dy),
         WeightGradPath::Im2col => im2col_conv2d_weight_grad(g, x, dy),
     }
 }

@@ -1,7 +1,7 @@
 //! Which kernels run a convolution: the one choice the entry points in `mod.rs` make and
 //! `fl bench --kernels` prints.
 
-use super::{Conv2dGeometry, direct_wgrad, lanes, narrow, sample_wgrad, single_pixel};
+use super::{Conv2dGeometry, direct_wgrad, lanes, narrow, sample_wgrad, single_pixel, strided};
 
 /// The kernels that run a convolution's forward pass and input gradient.
 pub(super) enum PassPath {
@@ -9,6 +9,8 @@ pub(super) enum PassPath {
     AcrossSamples(lanes::Order),
     /// The direct kernels (`direct.rs`, AVX-512 or AVX2).
     Direct,
+    /// Stride 2 straight from the planes (`strided.rs`), in the im2col path's order.
+    Strided,
     /// im2col + gemm.
     Im2col,
 }
@@ -30,6 +32,8 @@ impl PassPath {
     pub(super) fn replaced(g: &Conv2dGeometry) -> Self {
         if g.batch > 0 && g.input_len() > 0 && crate::kernels::direct::applies(g) {
             Self::Direct
+        } else if g.input_len() > 0 && strided::applies(g) {
+            Self::Strided
         } else {
             Self::Im2col
         }
@@ -39,6 +43,7 @@ impl PassPath {
         match self {
             Self::AcrossSamples(_) => "across samples",
             Self::Direct => "direct",
+            Self::Strided => "stride 2 from the planes",
             Self::Im2col => "im2col + gemm",
         }
     }
@@ -56,6 +61,8 @@ pub(super) enum WeightGradPath {
     WithoutColumns,
     /// One output pixel: the im2col path's sums per channel (`single_pixel.rs`).
     SinglePixel,
+    /// Stride 2 from the planes (`strided.rs`), in the im2col path's order.
+    Strided,
     /// im2col + one gemm per sample.
     Im2col,
 }
@@ -72,6 +79,8 @@ impl WeightGradPath {
             Self::WithoutColumns
         } else if single_pixel::applies(g) {
             Self::SinglePixel
+        } else if strided::weight_grad_applies(g) {
+            Self::Strided
         } else {
             Self::Im2col
         }
@@ -84,6 +93,7 @@ impl WeightGradPath {
             Self::SmallMap => "small-map",
             Self::WithoutColumns => "im2col's sums without the column matrix",
             Self::SinglePixel => "one pixel: im2col's sums per channel",
+            Self::Strided => "stride 2 from the planes",
             Self::Im2col => "im2col + gemm",
         }
     }

@@ -600,3 +600,76 @@ impl<'a> Chains<'a> {
         dw
     }
 }
+
+#[test]
+fn stride_two_convolutions_from_the_planes_keep_the_im2col_bits() {
+    // The ResNet-20s' layers into their 16×16 and 14×14 stages (one sample per gemm or two),
+    // odd input sizes (the last output reads the padding, or the last input is never read),
+    // 576 rows (two gemm depth blocks on the forward pass), a batch whose last group is
+    // narrower, an odd number of output rows, 600 output channels (two depth blocks on the
+    // input gradient).
+    let shapes = [
+        geometry([5, 16, 32, 32], [32, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        geometry([3, 32, 28, 28], [32, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        geometry([2, 64, 29, 31], [16, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        geometry([2, 64, 12, 12], [16, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        geometry([3, 16, 18, 10], [144, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        geometry([2, 16, 12, 12], [600, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+    ];
+    at_every_isa(|isa| {
+        for g in &shapes {
+            assert_eq!(
+                matches!(PassPath::of(g, None), PassPath::Strided),
+                isa == Isa::Avx512,
+                "{g:?}: path"
+            );
+            let x = values(g.batch * g.input_len(), 51);
+            let w = values(g.weight_len(), 52);
+            let b = values(g.c_out, 53);
+            let dy = values(g.batch * g.output_len(), 54);
+            for bias in [Some(&b[..]), None] {
+                let y = conv2d_forward(g, &x, &w, bias);
+                let y_ref = im2col_conv2d_forward(g, &x, &w, bias);
+                assert_same_bits(&y, &y_ref, format!("{g:?}: forward"));
+            }
+            close(
+                &conv2d_forward(g, &x, &w, Some(&b)),
+                &naive_conv(g, &x, &w, &b),
+            );
+            let dx = conv2d_input_grad(g, &w, &dy);
+            let dx_ref = im2col_conv2d_input_grad(g, &w, &dy);
+            assert_same_bits(&dx, &dx_ref, format!("{g:?}: input gradient"));
+        }
+        // The weight gradient on any map whose rows fit a vector (its vectors hold output
+        // channels): the layers above, the ResNet-20s' stride-2 layers into their 8×8 and 7×7
+        // stages (whose forward passes run across samples), a batch over two chunks and a
+        // partial third, 48 channels (a tile of two vectors and one of one), 600 pixels (two
+        // gemm depth blocks).
+        let more = [
+            geometry([20, 32, 16, 16], [64, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+            geometry([9, 32, 14, 14], [48, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+            geometry([3, 16, 80, 30], [64, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        ];
+        for g in shapes.iter().chain(&more) {
+            let wide_rows = g.output[1] > 16;
+            assert_eq!(
+                matches!(WeightGradPath::of(g), WeightGradPath::Strided),
+                isa == Isa::Avx512 && !wide_rows && g.c_out % 16 == 0,
+                "{g:?}: weight gradient path"
+            );
+            let x = values(g.batch * g.input_len(), 55);
+            let dy = values(g.batch * g.output_len(), 56);
+            let (dw, db) = conv2d_weight_grad(g, &x, &dy);
+            let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
+            assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
+            assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
+        }
+        // `resnet20-ref`'s 1×1 shortcut stays on im2col, as do rows wider than a vector.
+        for g in [
+            geometry([3, 64, 32, 32], [128, 1, 1], [2, 2], [(0, 0), (0, 0)]),
+            geometry([3, 16, 40, 40], [32, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        ] {
+            assert!(matches!(PassPath::of(&g, None), PassPath::Im2col), "{g:?}");
+        }
+    });
+}
