@@ -491,11 +491,15 @@ const LINEAR_SHAPES: [(&str, [usize; 2]); 7] = [
 ];
 
 /// The MobileNets' depthwise layers `(channels, size, kernel, stride)` at 3×32×32 (and where
-/// their maps differ, 1×28×28): one per map size and kernel, large maps to the smallest.
+/// their maps differ, 1×28×28): one per map size, kernel and stride, large maps to the
+/// smallest.
 #[cfg(feature = "flex")]
-const DEPTHWISE_SHAPES: [(&str, [usize; 4]); 11] = [
+const DEPTHWISE_SHAPES: [(&str, [usize; 4]); 14] = [
     ("mobilenet-v2 dw (144 @ 32×32)", [144, 32, 3, 1]),
+    ("mobilenet-v1 dw1 (stride 2)", [64, 32, 3, 2]),
+    ("mobilenet-v2 dw (144 @ 32×32, stride 2)", [144, 32, 3, 2]),
     ("mobilenet-v1 dw2", [128, 16, 3, 1]),
+    ("mobilenet-v1 dw3 (stride 2)", [128, 16, 3, 2]),
     ("mobilenet-v1 dw4", [256, 8, 3, 1]),
     ("mobilenet-v1 dw5 (stride 2)", [256, 8, 3, 2]),
     ("mobilenet-v1 dw4 (1×28×28)", [256, 7, 3, 1]),

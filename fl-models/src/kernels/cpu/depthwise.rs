@@ -200,7 +200,8 @@ pub(crate) enum DepthwisePath {
     Planes,
     /// Small maps, vectorised across channels (`depthwise_channels.rs`).
     Channels,
-    /// Stride 1, rows as wide as the input's: straight from the planes with masked loads
+    /// Stride 1, rows as wide as the input's, or stride 2 under 3×3 kernels with rows of at
+    /// most 16 outputs: straight from the planes with masked loads or column phases
     /// (`depthwise_direct.rs`; the weight gradient on the planes).
     Direct,
 }

@@ -14,6 +14,14 @@
 //! `depthwise.rs` does (and the tests pin); a tap whose mask is empty adds `±0` there, which
 //! leaves a sum from `+0` as it is, so it is skipped. The weight gradient stays on
 //! `depthwise.rs`'s planes.
+//!
+//! Stride-2 layers under 3×3 kernels with padding 1 whose output rows fit one vector (the
+//! MobileNets' downsampling layers into 16×16 and 8×8 maps) run here too: an input row's two
+//! vectors, permuted, give the row's three column phases (lane `j` of phase `kx` holding input
+//! column `2j + kx − 1`, zero outside the row), so output row `oy` sums, per tap, one phase of
+//! input row `2·oy + ky − 1`; the input gradient adds, on the even and the odd columns of each
+//! input row, the taps whose output exists, then interleaves them. Both keep the planes' tap
+//! order and products, padding zeros included.
 
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -27,14 +35,24 @@ const LANES: usize = 16;
 const BLOCK: usize = 4;
 
 /// Whether this path computes depthwise convolution `g`'s forward pass and input gradient:
-/// AVX-512, stride 1 and output rows as wide as the input rows.
+/// AVX-512, stride 1 and output rows as wide as the input rows, or [`strided`].
 pub(super) fn applies(g: &Conv2dGeometry) -> bool {
     cfg!(target_arch = "x86_64")
         && uses(Isa::Avx512)
         && g.batch > 0
-        && g.stride == [1, 1]
-        && g.output[1] == g.input[1]
         && g.out_plane() > 0
+        && ((g.stride == [1, 1] && g.output[1] == g.input[1]) || strided(g))
+}
+
+/// Stride 2 under a 3×3 kernel with padding 1, output rows of at most [`LANES`] pixels from
+/// input rows of at most 2·[`LANES`].
+fn strided(g: &Conv2dGeometry) -> bool {
+    g.stride == [2, 2]
+        && g.kernel == [3, 3]
+        && g.pad_begin == [1, 1]
+        && g.output[1] <= LANES
+        && g.input[1] <= 2 * LANES
+        && g.in_plane() > 0
 }
 
 /// Per tap `(ky, kx)` in weight order, the shift from an output pixel to the input pixel it
@@ -68,6 +86,18 @@ fn gather_taps(shifts: &[[isize; 2]], dst: [usize; 2], src: [usize; 2]) -> (Vec<
 
 /// Depthwise forward pass (no bias), the same bits as `depthwise::forward_by`.
 pub(super) fn forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
+    if strided(g) {
+        // SAFETY (in `each_plane`'s call): `applies` checked AVX-512 and `strided` the shapes.
+        #[cfg(target_arch = "x86_64")]
+        return each_plane(
+            g,
+            x,
+            weight,
+            g.in_plane(),
+            g.out_plane(),
+            |src, dst, w| unsafe { tiles::stride_two_forward(g, src, dst, w) },
+        );
+    }
     let (offsets, masks) = gather_taps(&shifts(g), g.output, g.input);
     gather(g, x, weight, g.in_plane(), g.out_plane(), &offsets, &masks)
 }
@@ -76,6 +106,18 @@ pub(super) fn forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f32>
 /// `depthwise::input_grad_by`: each input pixel gathers the outputs that read it, through the
 /// mirrored shifts.
 pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    if strided(g) {
+        // SAFETY (in `each_plane`'s call): as in `forward`.
+        #[cfg(target_arch = "x86_64")]
+        return each_plane(
+            g,
+            dy,
+            weight,
+            g.out_plane(),
+            g.in_plane(),
+            |src, dst, w| unsafe { tiles::stride_two_input_grad(g, src, dst, w) },
+        );
+    }
     let mirrored: Vec<[isize; 2]> = shifts(g).iter().map(|&[y, x]| [-y, -x]).collect();
     let (offsets, masks) = gather_taps(&mirrored, g.input, g.output);
     gather(g, dy, weight, g.out_plane(), g.in_plane(), &offsets, &masks)
@@ -91,12 +133,34 @@ fn gather(
     offsets: &[isize],
     masks: &[u16],
 ) -> Vec<f32> {
-    let taps = offsets.len();
+    each_plane(g, src, weight, src_plane, dst_plane, |src, dst, w| {
+        // (Unsafe, in `each_plane`'s call.) `applies` checked AVX-512; the masks were built for
+        // these planes' shapes and offsets.
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as just said.
+        unsafe {
+            tiles::plane(src, dst, w, offsets, masks)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("{dst:?} {src:?} {w:?} {offsets:?} {masks:?}: AVX-512 only");
+    })
+}
+
+/// `plane(src, dst, w)` for every (sample, channel) plane, `w` the channel's taps; `plane`
+/// writes all of `dst`.
+fn each_plane(
+    g: &Conv2dGeometry,
+    src: &[f32],
+    weight: &[f32],
+    src_plane: usize,
+    dst_plane: usize,
+    plane: impl Fn(&[f32], &mut [MaybeUninit<f32>], &[f32]) + Sync,
+) -> Vec<f32> {
+    let taps = g.kernel[0] * g.kernel[1];
     assert!(src.len() == g.batch * g.c_in * src_plane && weight.len() == g.c_in * taps);
     // Planes per task: a plane is a few hundred cycles on these maps.
     let per_task = (2048 / dst_plane).max(1);
-    // SAFETY: the tasks' planes cover the output, and `tiles::plane` writes each of their
-    // elements; its own contract is checked where it is called.
+    // SAFETY: the tasks' planes cover the output, and `plane` writes each of their elements.
     unsafe {
         super::written_whole(g.batch * g.c_in * dst_plane, |dst| {
             dst.par_chunks_mut(dst_plane * per_task)
@@ -108,13 +172,7 @@ fn gather(
                         .zip(src.chunks_exact(src_plane));
                     for (i, (dst, src)) in planes.enumerate() {
                         let c = (task * per_task + i) % g.c_in;
-                        let w = &weight[c * taps..(c + 1) * taps];
-                        // (Unsafe, in the block above.) `applies` checked AVX-512; the masks
-                        // were built for these planes' shapes and offsets.
-                        #[cfg(target_arch = "x86_64")]
-                        tiles::plane(src, dst, w, offsets, masks);
-                        #[cfg(not(target_arch = "x86_64"))]
-                        unreachable!("{dst:?} {src:?} {w:?} {offsets:?} {masks:?}: AVX-512 only");
+                        plane(src, dst, &weight[c * taps..(c + 1) * taps]);
                     }
                 })
         })
@@ -123,7 +181,8 @@ fn gather(
 
 #[cfg(target_arch = "x86_64")]
 mod tiles {
-    use super::{BLOCK, LANES, MaybeUninit};
+    use super::{BLOCK, Conv2dGeometry, LANES, MaybeUninit};
+    use crate::kernels::cpu::first_lanes;
     use std::arch::x86_64::*;
 
     /// One plane of [`super::gather`].
@@ -168,6 +227,118 @@ mod tiles {
                 let lanes = super::super::first_lanes(pixels - start);
                 // SAFETY: the first `pixels − start` floats from `start` lie in `dst`.
                 unsafe { _mm512_mask_storeu_ps(out.wrapping_add(start), lanes, acc) };
+            }
+        }
+    }
+
+    /// One plane of a stride-2 3×3 depthwise forward pass (see the module docs): per output
+    /// row, the taps in weight order from zero, each a multiply and an add.
+    ///
+    /// # Safety
+    /// AVX-512F; `g` passed `strided`, `src` is one input plane, `dst` one output plane, `w`
+    /// the channel's nine taps.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn stride_two_forward(
+        g: &Conv2dGeometry,
+        src: &[f32],
+        dst: &mut [MaybeUninit<f32>],
+        w: &[f32],
+    ) {
+        let ([h, iw], [oh, ow]) = (g.input, g.output);
+        assert!(src.len() == h * iw && dst.len() == oh * ow && w.len() == 9);
+        let (lo, hi) = (first_lanes(iw), first_lanes(iw.saturating_sub(LANES)));
+        // Lane `j` of phase `kx`: input column `2j + kx − 1` (lane 0 of phase 0 is padding).
+        let phase = |kx: i32| {
+            let idx: [i32; LANES] = std::array::from_fn(|j| (2 * j as i32 + kx - 1) & 31);
+            // SAFETY: reads the 16 indices just built.
+            unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
+        };
+        let phases = [phase(0), phase(1), phase(2)];
+        let first = [0xfffe, 0xffff, 0xffff];
+        let (src, out) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
+        for oy in 0..oh {
+            let mut acc = _mm512_setzero_ps();
+            for ky in 0..3 {
+                // Input row `2·oy + ky − 1`; outside the plane it reads as zeros.
+                let iy = (2 * oy + ky).wrapping_sub(1);
+                let inside = if iy < h { u16::MAX } else { 0 };
+                // SAFETY: the masks keep both loads inside input row `iy` (none outside).
+                let (a, b) = unsafe {
+                    let row = src.wrapping_add(iy.wrapping_mul(iw));
+                    (
+                        _mm512_maskz_loadu_ps(lo & inside, row),
+                        _mm512_maskz_loadu_ps(hi & inside, row.wrapping_add(LANES)),
+                    )
+                };
+                for kx in 0..3 {
+                    let v = _mm512_maskz_permutex2var_ps(first[kx], a, phases[kx], b);
+                    let wk = _mm512_set1_ps(w[ky * 3 + kx]);
+                    acc = _mm512_add_ps(acc, _mm512_mul_ps(wk, v));
+                }
+            }
+            // SAFETY: output row `oy` has `ow` floats (the mask).
+            unsafe { _mm512_mask_storeu_ps(out.add(oy * ow), first_lanes(ow), acc) };
+        }
+    }
+
+    /// One plane of [`stride_two_forward`]'s input gradient: each input pixel adds, in weight
+    /// order from zero, the taps of the outputs that read it (zeros for outputs outside the
+    /// map, as the planes' padded gradient holds).
+    ///
+    /// # Safety
+    /// AVX-512F; `g` passed `strided`, `src` is one output-gradient plane, `dst` one input
+    /// plane, `w` the channel's nine taps.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn stride_two_input_grad(
+        g: &Conv2dGeometry,
+        src: &[f32],
+        dst: &mut [MaybeUninit<f32>],
+        w: &[f32],
+    ) {
+        let ([h, iw], [oh, ow]) = (g.input, g.output);
+        assert!(src.len() == oh * ow && dst.len() == h * iw && w.len() == 9);
+        let (lo, hi) = (first_lanes(iw), first_lanes(iw.saturating_sub(LANES)));
+        // Output column `j + 1` into lane `j`, where it exists.
+        let next = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0);
+        let (lanes, next_lanes) = (first_lanes(ow), first_lanes(ow.saturating_sub(1)));
+        // Lane 2i takes even lane `half + i`, lane 2i + 1 odd lane `half + i`.
+        let even_odd = |half: i32| {
+            let idx: [i32; LANES] =
+                std::array::from_fn(|l| half + (l / 2) as i32 + 16 * (l % 2) as i32);
+            // SAFETY: reads the 16 indices just built.
+            unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
+        };
+        let (first_half, second_half) = (even_odd(0), even_odd(8));
+        let (src, out) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
+        for iy in 0..h {
+            let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for ky in 0..3 {
+                // Output row `(iy + 1 − ky) / 2`, for the kernel rows of the right parity.
+                let u = iy + 1;
+                if u < ky || (u - ky) % 2 != 0 {
+                    continue;
+                }
+                let oy = (u - ky) / 2;
+                let inside = if oy < oh { lanes } else { 0 };
+                // SAFETY: the mask keeps the load inside output row `oy` (none outside).
+                let grad = unsafe { _mm512_maskz_loadu_ps(inside, src.wrapping_add(oy * ow)) };
+                let tap = |kx: usize| _mm512_set1_ps(w[ky * 3 + kx]);
+                // Input column `2·ox + kx − 1`: odd from `ox + 1` (kx 0) and `ox` (kx 2), even
+                // from `ox` (kx 1); each pixel's taps stay in weight order.
+                let shifted = _mm512_maskz_permutexvar_ps(next_lanes, next, grad);
+                odd = _mm512_add_ps(odd, _mm512_mul_ps(tap(0), shifted));
+                even = _mm512_add_ps(even, _mm512_mul_ps(tap(1), grad));
+                odd = _mm512_add_ps(odd, _mm512_mul_ps(tap(2), grad));
+            }
+            // SAFETY: the masks keep both stores inside input row `iy`.
+            unsafe {
+                let row = out.add(iy * iw);
+                let (a, b) = (
+                    _mm512_permutex2var_ps(even, first_half, odd),
+                    _mm512_permutex2var_ps(even, second_half, odd),
+                );
+                _mm512_mask_storeu_ps(row, lo, a);
+                _mm512_mask_storeu_ps(row.wrapping_add(LANES), hi, b);
             }
         }
     }

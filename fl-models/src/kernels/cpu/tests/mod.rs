@@ -456,6 +456,11 @@ fn depthwise_cases() -> Vec<Conv2dGeometry> {
         dw([2, 3, 3, 5], [3, 3], [1, 1], [(1, 1), (1, 1)]),
         dw([2, 3, 6, 11], [2, 4], [1, 1], [(1, 0), (2, 1)]),
         dw([2, 3, 9, 12], [3, 3], [1, 1], [(0, 0), (1, 1)]),
+        // Its stride-2 maps under 3×3 kernels: 32×32 → 16×16 (MobileNetV1's and V2's), odd
+        // sizes whose last output row or column reads the padding, a row of 31 inputs.
+        dw([2, 3, 32, 32], [3, 3], [2, 2], [(1, 1), (1, 1)]),
+        dw([2, 3, 15, 13], [3, 3], [2, 2], [(1, 1), (1, 1)]),
+        dw([2, 2, 12, 31], [3, 3], [2, 2], [(1, 1), (1, 1)]),
     ]
 }
 
@@ -553,9 +558,14 @@ fn depthwise_sums_run_in_tap_order() {
             let dw = tap_ordered_depthwise_weight_grad(&g, &x, &dy);
             // Every path on every case it can take, whichever `DepthwisePath::of` picks.
             let direct = depthwise_direct::applies(&g);
+            let stride_two = g.stride == [2, 2]
+                && g.kernel == [3, 3]
+                && g.pad_begin == [1, 1]
+                && g.input[1] <= 32;
             assert_eq!(
                 direct,
-                isa == Isa::Avx512 && g.stride == [1, 1] && g.output[1] == g.input[1],
+                isa == Isa::Avx512
+                    && ((g.stride == [1, 1] && g.output[1] == g.input[1]) || stride_two),
                 "{g:?}"
             );
             let paths = [
