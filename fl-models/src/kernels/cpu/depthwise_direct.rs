@@ -183,6 +183,9 @@ fn each_plane(
 mod tiles {
     use super::{BLOCK, Conv2dGeometry, LANES, MaybeUninit};
     use crate::kernels::cpu::first_lanes;
+    use crate::kernels::cpu::row_phases::{
+        column_phase, load_row, next_lane, row_masks, store_interleaved,
+    };
     use std::arch::x86_64::*;
 
     /// One plane of [`super::gather`].
@@ -246,32 +249,21 @@ mod tiles {
     ) {
         let ([h, iw], [oh, ow]) = (g.input, g.output);
         assert!(src.len() == h * iw && dst.len() == oh * ow && w.len() == 9);
-        let (lo, hi) = (first_lanes(iw), first_lanes(iw.saturating_sub(LANES)));
         // Lane `j` of phase `kx`: input column `2j + kx − 1` (lane 0 of phase 0 is padding).
-        let phase = |kx: i32| {
-            let idx: [i32; LANES] = std::array::from_fn(|j| (2 * j as i32 + kx - 1) & 31);
-            // SAFETY: reads the 16 indices just built.
-            unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
-        };
-        let phases = [phase(0), phase(1), phase(2)];
-        let first = [0xfffe, 0xffff, 0xffff];
+        let phases = [column_phase(-1), column_phase(0), column_phase(1)];
+        let row = row_masks(iw);
         let (src, out) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
         for oy in 0..oh {
             let mut acc = _mm512_setzero_ps();
             for ky in 0..3 {
                 // Input row `2·oy + ky − 1`; outside the plane it reads as zeros.
                 let iy = (2 * oy + ky).wrapping_sub(1);
-                let inside = if iy < h { u16::MAX } else { 0 };
-                // SAFETY: the masks keep both loads inside input row `iy` (none outside).
-                let (a, b) = unsafe {
-                    let row = src.wrapping_add(iy.wrapping_mul(iw));
-                    (
-                        _mm512_maskz_loadu_ps(lo & inside, row),
-                        _mm512_maskz_loadu_ps(hi & inside, row.wrapping_add(LANES)),
-                    )
-                };
+                let inside = if iy < h { row } else { [0, 0] };
+                // SAFETY: input row `iy` has `iw` floats (none are read outside the plane).
+                let (a, b) = unsafe { load_row(src.wrapping_add(iy.wrapping_mul(iw)), inside) };
                 for kx in 0..3 {
-                    let v = _mm512_maskz_permutex2var_ps(first[kx], a, phases[kx], b);
+                    let (index, lanes) = phases[kx];
+                    let v = _mm512_maskz_permutex2var_ps(lanes, a, index, b);
                     let wk = _mm512_set1_ps(w[ky * 3 + kx]);
                     acc = _mm512_add_ps(acc, _mm512_mul_ps(wk, v));
                 }
@@ -297,18 +289,9 @@ mod tiles {
     ) {
         let ([h, iw], [oh, ow]) = (g.input, g.output);
         assert!(src.len() == oh * ow && dst.len() == h * iw && w.len() == 9);
-        let (lo, hi) = (first_lanes(iw), first_lanes(iw.saturating_sub(LANES)));
         // Output column `j + 1` into lane `j`, where it exists.
-        let next = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0);
         let (lanes, next_lanes) = (first_lanes(ow), first_lanes(ow.saturating_sub(1)));
-        // Lane 2i takes even lane `half + i`, lane 2i + 1 odd lane `half + i`.
-        let even_odd = |half: i32| {
-            let idx: [i32; LANES] =
-                std::array::from_fn(|l| half + (l / 2) as i32 + 16 * (l % 2) as i32);
-            // SAFETY: reads the 16 indices just built.
-            unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
-        };
-        let (first_half, second_half) = (even_odd(0), even_odd(8));
+        let row = row_masks(iw);
         let (src, out) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
         for iy in 0..h {
             let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -325,21 +308,13 @@ mod tiles {
                 let tap = |kx: usize| _mm512_set1_ps(w[ky * 3 + kx]);
                 // Input column `2·ox + kx − 1`: odd from `ox + 1` (kx 0) and `ox` (kx 2), even
                 // from `ox` (kx 1); each pixel's taps stay in weight order.
-                let shifted = _mm512_maskz_permutexvar_ps(next_lanes, next, grad);
+                let shifted = next_lane(next_lanes, grad);
                 odd = _mm512_add_ps(odd, _mm512_mul_ps(tap(0), shifted));
                 even = _mm512_add_ps(even, _mm512_mul_ps(tap(1), grad));
                 odd = _mm512_add_ps(odd, _mm512_mul_ps(tap(2), grad));
             }
-            // SAFETY: the masks keep both stores inside input row `iy`.
-            unsafe {
-                let row = out.add(iy * iw);
-                let (a, b) = (
-                    _mm512_permutex2var_ps(even, first_half, odd),
-                    _mm512_permutex2var_ps(even, second_half, odd),
-                );
-                _mm512_mask_storeu_ps(row, lo, a);
-                _mm512_mask_storeu_ps(row.wrapping_add(LANES), hi, b);
-            }
+            // SAFETY: input row `iy` has `iw` floats.
+            unsafe { store_interleaved(out.add(iy * iw), row, even, odd) };
         }
     }
 }

@@ -53,6 +53,8 @@ mod narrow;
 mod norm;
 mod path;
 mod pool;
+#[cfg(target_arch = "x86_64")]
+mod row_phases;
 mod sample_wgrad;
 mod single_pixel;
 mod strided;

@@ -207,6 +207,9 @@ fn weight_grad_chunk(
 mod tiles {
     use super::{CHANNELS, Conv2dGeometry, LANES, MaybeUninit, ROWS, TAPS, TAPS_1D, phase_rows};
     use crate::kernels::cpu::first_lanes;
+    use crate::kernels::cpu::row_phases::{
+        column_phase, load_row, next_lane, row_masks, store_interleaved,
+    };
     use std::arch::x86_64::*;
 
     /// The column phases of one sample (see the module docs), `[ci][kx][phase row][LANES]`;
@@ -221,30 +224,15 @@ mod tiles {
         let ([h, w], kw, pad) = (g.input, g.kernel[1], g.pad_begin[1]);
         let prows = phase_rows(g);
         assert!(x.len() == g.input_len() && phases.len() == g.c_in * kw * prows * LANES);
-        let (lo, hi) = (first_lanes(w), first_lanes(w.saturating_sub(LANES)));
         // Per phase, the lane → input column permutation and the lanes inside the row.
         let phase: Vec<(__m512i, u16)> = (0..kw)
-            .map(|kx| {
-                let cols: [i32; LANES] = std::array::from_fn(|j| (2 * j + kx) as i32 - pad as i32);
-                let inside = (0..LANES)
-                    .filter(|&j| cols[j] >= 0)
-                    .fold(0, |m, j| m | 1 << j);
-                // SAFETY: reads the 16 indices just built.
-                let idx = unsafe { _mm512_loadu_si512(cols.map(|c| c & 31).as_ptr().cast()) };
-                (idx, inside)
-            })
+            .map(|kx| column_phase(kx as isize - pad as isize))
             .collect();
-        let (x, out) = (x.as_ptr(), phases.as_mut_ptr());
+        let (x, out, row) = (x.as_ptr(), phases.as_mut_ptr(), row_masks(w));
         for ci in 0..g.c_in {
             for iy in 0..h.min(prows - pad) {
-                // SAFETY: the masks keep both loads inside input row `iy` (w ≤ 32 floats).
-                let (a, b) = unsafe {
-                    let row = x.add((ci * h + iy) * w);
-                    (
-                        _mm512_maskz_loadu_ps(lo, row),
-                        _mm512_maskz_loadu_ps(hi, row.wrapping_add(LANES)),
-                    )
-                };
+                // SAFETY: input row `iy` has `w` floats.
+                let (a, b) = unsafe { load_row(x.add((ci * h + iy) * w), row) };
                 for (kx, &(idx, inside)) in phase.iter().enumerate() {
                     let v = _mm512_maskz_permutex2var_ps(inside, a, idx, b);
                     let at = ((ci * kw + kx) * prows + iy + pad) * LANES;
@@ -447,15 +435,7 @@ mod tiles {
             for (r, acc) in acc.iter().enumerate() {
                 for (t, &sum) in acc.iter().enumerate() {
                     // SAFETY: entry (tap `t`, row `oy + r`) lies in `cols` (`[TAPS][oh][LANES]`).
-                    unsafe {
-                        let at = out.add((t * oh + oy + r) * LANES);
-                        let v = if start == 0 {
-                            sum
-                        } else {
-                            _mm512_add_ps(_mm512_loadu_ps(at), sum)
-                        };
-                        _mm512_storeu_ps(at, v);
-                    }
+                    unsafe { store_or_add(out.add((t * oh + oy + r) * LANES), sum, start == 0) };
                 }
             }
             start = end;
@@ -565,20 +545,32 @@ mod tiles {
                 for (v, acc) in acc.iter().enumerate() {
                     for (t, &sum) in acc.iter().enumerate() {
                         let at = (ci * TAPS + t) * self.c_out + co + v * LANES;
+                        let fresh = start == 0 && !self.accumulate;
                         // SAFETY: element row `ci·9 + t`, channels `co + 16v …` lie in `dw_t`.
-                        unsafe {
-                            let at = self.dw_t.add(at);
-                            let v = if start == 0 && !self.accumulate {
-                                sum
-                            } else {
-                                _mm512_add_ps(_mm512_loadu_ps(at), sum)
-                            };
-                            _mm512_storeu_ps(at, v);
-                        }
+                        unsafe { store_or_add(self.dw_t.add(at), sum, fresh) };
                     }
                 }
                 start = end;
             }
+        }
+    }
+
+    /// `sum` stored at `at` where `fresh` (a chain's first depth block), else added onto what is
+    /// there (gemm's later blocks and samples).
+    ///
+    /// # Safety
+    /// AVX-512F; 16 floats at `at` are readable and writable.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn store_or_add(at: *mut f32, sum: __m512, fresh: bool) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let v = if fresh {
+                sum
+            } else {
+                _mm512_add_ps(_mm512_loadu_ps(at), sum)
+            };
+            _mm512_storeu_ps(at, v);
         }
     }
 
@@ -598,19 +590,9 @@ mod tiles {
         let ([h, w], [kh, kw], pad) = (g.input, g.kernel, g.pad_begin[0] as isize);
         let oh = g.output[0];
         assert!(plane.len() == h * w && cols.len() == kh * kw * oh * LANES);
-        let (lo, hi) = (first_lanes(w), first_lanes(w.saturating_sub(LANES)));
         // Output column `j + 1` into lane `j`, for the lanes whose `j + 1` exists.
-        let next = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0);
         let next_lanes = first_lanes(ow - 1);
-        let even_odd = |half: i32| {
-            // Lane 2i takes even lane `half + i`, lane 2i + 1 odd lane `half + i`.
-            let idx: [i32; LANES] =
-                std::array::from_fn(|l| half + (l / 2) as i32 + 16 * (l % 2) as i32);
-            // SAFETY: reads the 16 indices just built.
-            unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
-        };
-        let (first_half, second_half) = (even_odd(0), even_odd(8));
-        let out = plane.as_mut_ptr().cast::<f32>();
+        let (out, row) = (plane.as_mut_ptr().cast::<f32>(), row_masks(w));
         for iy in 0..h {
             let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             for ky in 0..kh {
@@ -628,25 +610,12 @@ mod tiles {
                     match kx as isize - pad {
                         0 => even = _mm512_add_ps(even, col),
                         1 => odd = _mm512_add_ps(odd, col),
-                        _ => {
-                            odd = _mm512_add_ps(
-                                odd,
-                                _mm512_maskz_permutexvar_ps(next_lanes, next, col),
-                            )
-                        }
+                        _ => odd = _mm512_add_ps(odd, next_lane(next_lanes, col)),
                     }
                 }
             }
-            // SAFETY: the masks keep both stores inside input row `iy` (w ≤ 32 floats).
-            unsafe {
-                let row = out.add(iy * w);
-                _mm512_mask_storeu_ps(row, lo, _mm512_permutex2var_ps(even, first_half, odd));
-                _mm512_mask_storeu_ps(
-                    row.wrapping_add(LANES),
-                    hi,
-                    _mm512_permutex2var_ps(even, second_half, odd),
-                );
-            }
+            // SAFETY: input row `iy` has `w` floats.
+            unsafe { store_interleaved(out.add(iy * w), row, even, odd) };
         }
     }
 }
