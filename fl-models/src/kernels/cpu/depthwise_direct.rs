@@ -13,7 +13,7 @@
 //! exist. Both sum their taps in ascending order from zero with a multiply and an add, as
 //! `depthwise.rs` does (and the tests pin); a tap whose mask is empty adds `±0` there, which
 //! leaves a sum from `+0` as it is, so it is skipped. The weight gradient stays on
-//! `depthwise.rs`'s planes.
+//! `depthwise.rs`'s planes (or, on small maps, on `depthwise_channels.rs`).
 //!
 //! Stride-2 layers under 3×3 kernels with padding 1 whose output rows fit one vector (the
 //! MobileNets' downsampling layers into 16×16 and 8×8 maps) run here too: an input row's two
@@ -22,6 +22,13 @@
 //! input row `2·oy + ky − 1`; the input gradient adds, on the even and the odd columns of each
 //! input row, the taps whose output exists, then interleaves them. Both keep the planes' tap
 //! order and products, padding zeros included.
+//!
+//! Maps whose input and output planes each fit one vector, the output filling more than half
+//! of it (the MobileNets' 4×4 stages), take a plane per vector: one load, then per tap a permutation of the loaded plane onto the
+//! outputs that tap reaches (zeros elsewhere), a multiply and an add, in tap order; the input
+//! gradient likewise gathers, per input pixel, the outputs that read it. The planes need no
+//! copies, where `depthwise_channels.rs` transposes each sample to channels-in-lanes and back.
+//! Their weight gradient stays on that path.
 
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -41,7 +48,70 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
         && uses(Isa::Avx512)
         && g.batch > 0
         && g.out_plane() > 0
-        && ((g.stride == [1, 1] && g.output[1] == g.input[1]) || strided(g))
+        && ((g.stride == [1, 1] && g.output[1] == g.input[1]) || strided(g) || single_vector(g))
+}
+
+/// An input plane and an output plane of at most [`LANES`] pixels each, the output filling
+/// more than half a vector (on 2×2 outputs, 16 channels in the lanes ran as fast or faster).
+pub(super) fn single_vector(g: &Conv2dGeometry) -> bool {
+    g.in_plane() <= LANES && (LANES / 2 + 1..=LANES).contains(&g.out_plane())
+}
+
+/// Per tap in weight order, for each lane of a destination plane, the lane of the source plane
+/// it takes (`source(dst pixel, tap)`), and the lanes that have one.
+fn lane_taps(
+    g: &Conv2dGeometry,
+    [dst, src]: [[usize; 2]; 2],
+    source: impl Fn([usize; 2], [usize; 2]) -> Option<[usize; 2]>,
+) -> Vec<([i32; LANES], u16)> {
+    let [kh, kw] = g.kernel;
+    let mut taps = vec![([0i32; LANES], 0u16); kh * kw];
+    for (k, (index, lanes)) in taps.iter_mut().enumerate() {
+        for (p, index) in index.iter_mut().enumerate().take(dst[0] * dst[1]) {
+            let pixel = [p / dst[1], p % dst[1]];
+            if let Some([y, x]) = source(pixel, [k / kw, k % kw]) {
+                *index = (y * src[1] + x) as i32;
+                *lanes |= 1 << p;
+            }
+        }
+    }
+    taps
+}
+
+/// [`single_vector`] planes: `dst[p] = Σ_k w[k] · src[index_k[p]]` over the lanes each tap
+/// lets through, per plane.
+fn vector_planes(
+    g: &Conv2dGeometry,
+    src: &[f32],
+    weight: &[f32],
+    [src_plane, dst_plane]: [usize; 2],
+    taps: &[([i32; LANES], u16)],
+) -> Vec<f32> {
+    assert!(src.len() == g.batch * g.c_in * src_plane && weight.len() == g.c_in * taps.len());
+    // Planes per task: a plane is a few dozen cycles.
+    let per_task = 256;
+    // SAFETY: the tasks' planes cover the output, and `vector_planes` writes each of them.
+    unsafe {
+        super::written_whole(g.batch * g.c_in * dst_plane, |dst| {
+            dst.par_chunks_mut(dst_plane * per_task)
+                .zip(src.par_chunks(src_plane * per_task))
+                .enumerate()
+                .for_each(|(task, (dst, src))| {
+                    // SAFETY: `applies` checked AVX-512; the planes fit a vector.
+                    #[cfg(target_arch = "x86_64")]
+                    tiles::vector_planes(
+                        src,
+                        dst,
+                        weight,
+                        [src_plane, dst_plane],
+                        (task * per_task, g.c_in),
+                        taps,
+                    );
+                    #[cfg(not(target_arch = "x86_64"))]
+                    unreachable!("{dst:?} {src:?} {task}: AVX-512 only");
+                })
+        })
+    }
 }
 
 /// Stride 2 under a 3×3 kernel with padding 1, output rows of at most [`LANES`] pixels from
@@ -86,6 +156,17 @@ fn gather_taps(shifts: &[[isize; 2]], dst: [usize; 2], src: [usize; 2]) -> (Vec<
 
 /// Depthwise forward pass (no bias), the same bits as `depthwise::forward_by`.
 pub(super) fn forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
+    if single_vector(g) {
+        let ([pt, pl], [sh, sw]) = (g.pad_begin, g.stride);
+        let taps = lane_taps(g, [g.output, g.input], |[oy, ox], [ky, kx]| {
+            let [iy, ix] = [
+                (oy * sh + ky).wrapping_sub(pt),
+                (ox * sw + kx).wrapping_sub(pl),
+            ];
+            (iy < g.input[0] && ix < g.input[1]).then_some([iy, ix])
+        });
+        return vector_planes(g, x, weight, [g.in_plane(), g.out_plane()], &taps);
+    }
     if strided(g) {
         // SAFETY (in `each_plane`'s call): `applies` checked AVX-512 and `strided` the shapes.
         #[cfg(target_arch = "x86_64")]
@@ -106,6 +187,17 @@ pub(super) fn forward(g: &Conv2dGeometry, x: &[f32], weight: &[f32]) -> Vec<f32>
 /// `depthwise::input_grad_by`: each input pixel gathers the outputs that read it, through the
 /// mirrored shifts.
 pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    if single_vector(g) {
+        let ([pt, pl], [sh, sw]) = (g.pad_begin, g.stride);
+        let taps = lane_taps(g, [g.input, g.output], |[iy, ix], [ky, kx]| {
+            // The output whose tap `(ky, kx)` reads this pixel, if any.
+            let [py, px] = [(iy + pt).wrapping_sub(ky), (ix + pl).wrapping_sub(kx)];
+            let [oy, ox] = [py / sh, px / sw];
+            (py % sh == 0 && px % sw == 0 && oy < g.output[0] && ox < g.output[1])
+                .then_some([oy, ox])
+        });
+        return vector_planes(g, dy, weight, [g.out_plane(), g.in_plane()], &taps);
+    }
     if strided(g) {
         // SAFETY (in `each_plane`'s call): as in `forward`.
         #[cfg(target_arch = "x86_64")]
@@ -315,6 +407,44 @@ mod tiles {
             }
             // SAFETY: input row `iy` has `iw` floats.
             unsafe { store_interleaved(out.add(iy * iw), row, even, odd) };
+        }
+    }
+
+    /// Planes `first..` of [`super::vector_planes`] (plane `i` is channel `i mod c_in`'s).
+    ///
+    /// # Safety
+    /// AVX-512F; `src` and `dst` hold the same number of planes, each at most 16 floats, and
+    /// `taps` index only lanes of a source plane.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn vector_planes(
+        src: &[f32],
+        dst: &mut [MaybeUninit<f32>],
+        weight: &[f32],
+        [src_plane, dst_plane]: [usize; 2],
+        (first, c_in): (usize, usize),
+        taps: &[([i32; LANES], u16)],
+    ) {
+        let planes = dst.len() / dst_plane;
+        assert!(src.len() == planes * src_plane && weight.len() == c_in * taps.len());
+        assert!(src_plane <= LANES && dst_plane <= LANES);
+        let (load, store) = (first_lanes(src_plane), first_lanes(dst_plane));
+        let (src, out) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
+        for i in 0..planes {
+            let w = &weight[(first + i) % c_in * taps.len()..][..taps.len()];
+            // SAFETY: plane `i` has `src_plane` floats.
+            let x = unsafe { _mm512_maskz_loadu_ps(load, src.add(i * src_plane)) };
+            let mut acc = _mm512_setzero_ps();
+            for (&wk, (index, lanes)) in w.iter().zip(taps) {
+                if *lanes == 0 {
+                    continue;
+                }
+                // SAFETY: 16 readable `i32`s.
+                let index = unsafe { _mm512_loadu_si512(index.as_ptr().cast()) };
+                let v = _mm512_maskz_permutexvar_ps(*lanes, index, x);
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(wk), v));
+            }
+            // SAFETY: plane `i` of `dst` has `dst_plane` floats.
+            unsafe { _mm512_mask_storeu_ps(out.add(i * dst_plane), store, acc) };
         }
     }
 }

@@ -461,6 +461,10 @@ fn depthwise_cases() -> Vec<Conv2dGeometry> {
         dw([2, 3, 32, 32], [3, 3], [2, 2], [(1, 1), (1, 1)]),
         dw([2, 3, 15, 13], [3, 3], [2, 2], [(1, 1), (1, 1)]),
         dw([2, 2, 12, 31], [3, 3], [2, 2], [(1, 1), (1, 1)]),
+        // Its single-vector planes: MobileNetV3's 5×5 kernels on 4×4 maps, and an asymmetric
+        // kernel and padding on a 3×4 map (the 4×4 and 3×5 cases above are others).
+        dw([2, 17, 4, 4], [5, 5], [1, 1], [(2, 2), (2, 2)]),
+        dw([2, 4, 3, 4], [2, 4], [1, 1], [(1, 0), (2, 1)]),
     ]
 }
 
@@ -562,10 +566,13 @@ fn depthwise_sums_run_in_tap_order() {
                 && g.kernel == [3, 3]
                 && g.pad_begin == [1, 1]
                 && g.input[1] <= 32;
+            let single_vector = g.in_plane() <= 16 && (9..=16).contains(&g.out_plane());
             assert_eq!(
                 direct,
                 isa == Isa::Avx512
-                    && ((g.stride == [1, 1] && g.output[1] == g.input[1]) || stride_two),
+                    && ((g.stride == [1, 1] && g.output[1] == g.input[1])
+                        || stride_two
+                        || single_vector),
                 "{g:?}"
             );
             let paths = [
