@@ -23,12 +23,14 @@
 //! input row, the taps whose output exists, then interleaves them. Both keep the planes' tap
 //! order and products, padding zeros included.
 //!
-//! Maps whose input and output planes each fit one vector, the output filling more than half
-//! of it (the MobileNets' 4×4 stages), take a plane per vector: one load, then per tap a permutation of the loaded plane onto the
-//! outputs that tap reaches (zeros elsewhere), a multiply and an add, in tap order; the input
-//! gradient likewise gathers, per input pixel, the outputs that read it. The planes need no
-//! copies, where `depthwise_channels.rs` transposes each sample to channels-in-lanes and back.
-//! Their weight gradient stays on that path.
+//! Maps whose input and output planes each fit one vector take one or more planes per vector:
+//! a 4×4 plane, or four samples' 2×2 planes of a channel, each in its slot of lanes. Per tap,
+//! a permutation of the loaded planes onto the outputs that tap reaches (zeros elsewhere), a
+//! multiply and an add, in tap order, for four channels at once (four independent chains);
+//! the input gradient likewise gathers, per input pixel, the outputs that read it. The planes
+//! need no copies, where `depthwise_channels.rs` transposes each sample to channels-in-lanes
+//! and back (3× slower on the MobileNets' 4×4 and 2×2 stages). Their weight gradient stays on
+//! that path, and so does a 4×4 input into a 2×2 output (a quarter of a vector).
 
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -42,7 +44,8 @@ const LANES: usize = 16;
 const BLOCK: usize = 4;
 
 /// Whether this path computes depthwise convolution `g`'s forward pass and input gradient:
-/// AVX-512, stride 1 and output rows as wide as the input rows, or [`strided`].
+/// AVX-512, stride 1 and output rows as wide as the input rows, [`strided`] or
+/// [`single_vector`].
 pub(super) fn applies(g: &Conv2dGeometry) -> bool {
     cfg!(target_arch = "x86_64")
         && uses(Isa::Avx512)
@@ -51,27 +54,37 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
         && ((g.stride == [1, 1] && g.output[1] == g.input[1]) || strided(g) || single_vector(g))
 }
 
-/// An input plane and an output plane of at most [`LANES`] pixels each, the output filling
-/// more than half a vector (on 2×2 outputs, 16 channels in the lanes ran as fast or faster).
+/// An input plane and an output plane of at most [`LANES`] pixels each: several samples' planes
+/// of a channel per vector where they fit (2×2 maps: four), else one plane filling more than
+/// half of it (a 4×4 input into a 2×2 output stays with 16 channels in the lanes).
 pub(super) fn single_vector(g: &Conv2dGeometry) -> bool {
-    g.in_plane() <= LANES && (LANES / 2 + 1..=LANES).contains(&g.out_plane())
+    g.in_plane() <= LANES && (g.out_plane() > LANES / 2 || slot(g) <= LANES / 2)
 }
 
-/// Per tap in weight order, for each lane of a destination plane, the lane of the source plane
-/// it takes (`source(dst pixel, tap)`), and the lanes that have one.
+/// The lanes each sample's planes take in a vector: the larger of the two planes.
+fn slot(g: &Conv2dGeometry) -> usize {
+    g.in_plane().max(g.out_plane())
+}
+
+/// Per tap in weight order, for each lane of a vector of destination planes ([`slot`] lanes
+/// apart), the lane of the source planes it takes (`source(dst pixel, tap)`), and the lanes
+/// that have one.
 fn lane_taps(
     g: &Conv2dGeometry,
     [dst, src]: [[usize; 2]; 2],
     source: impl Fn([usize; 2], [usize; 2]) -> Option<[usize; 2]>,
 ) -> Vec<([i32; LANES], u16)> {
     let [kh, kw] = g.kernel;
+    let slot = slot(g);
     let mut taps = vec![([0i32; LANES], 0u16); kh * kw];
     for (k, (index, lanes)) in taps.iter_mut().enumerate() {
-        for (p, index) in index.iter_mut().enumerate().take(dst[0] * dst[1]) {
+        for p in 0..dst[0] * dst[1] {
             let pixel = [p / dst[1], p % dst[1]];
             if let Some([y, x]) = source(pixel, [k / kw, k % kw]) {
-                *index = (y * src[1] + x) as i32;
-                *lanes |= 1 << p;
+                for first in (0..LANES / slot).map(|j| j * slot) {
+                    index[first + p] = (first + y * src[1] + x) as i32;
+                    *lanes |= 1 << (first + p);
+                }
             }
         }
     }
@@ -79,7 +92,7 @@ fn lane_taps(
 }
 
 /// [`single_vector`] planes: `dst[p] = Σ_k w[k] · src[index_k[p]]` over the lanes each tap
-/// lets through, per plane.
+/// lets through, for [`slot`]-spaced planes of a channel's samples per vector.
 fn vector_planes(
     g: &Conv2dGeometry,
     src: &[f32],
@@ -88,27 +101,30 @@ fn vector_planes(
     taps: &[([i32; LANES], u16)],
 ) -> Vec<f32> {
     assert!(src.len() == g.batch * g.c_in * src_plane && weight.len() == g.c_in * taps.len());
-    // Planes per task: a plane is a few dozen cycles.
-    let per_task = 256;
-    // SAFETY: the tasks' planes cover the output, and `vector_planes` writes each of them.
+    // Samples per vector, and per task (a vector of planes is a few dozen cycles).
+    let group = LANES / slot(g);
+    let per_task = group * (2048 / (g.c_in * group)).max(1);
+    let sample = g.c_in * dst_plane;
+    // SAFETY: the tasks' samples cover the output, and `vector_planes` writes each of them.
     unsafe {
-        super::written_whole(g.batch * g.c_in * dst_plane, |dst| {
-            dst.par_chunks_mut(dst_plane * per_task)
-                .zip(src.par_chunks(src_plane * per_task))
+        super::written_whole(g.batch * sample, |dst| {
+            dst.par_chunks_mut(sample * per_task)
                 .enumerate()
-                .for_each(|(task, (dst, src))| {
-                    // SAFETY: `applies` checked AVX-512; the planes fit a vector.
+                .for_each(|(task, dst)| {
+                    let samples = task * per_task..task * per_task + dst.len() / sample;
+                    // SAFETY: `applies` checked AVX-512; the planes fit their slots.
                     #[cfg(target_arch = "x86_64")]
                     tiles::vector_planes(
+                        g,
                         src,
                         dst,
                         weight,
                         [src_plane, dst_plane],
-                        (task * per_task, g.c_in),
+                        samples,
                         taps,
                     );
                     #[cfg(not(target_arch = "x86_64"))]
-                    unreachable!("{dst:?} {src:?} {task}: AVX-512 only");
+                    unreachable!("{dst:?} {samples:?}: AVX-512 only");
                 })
         })
     }
@@ -274,6 +290,9 @@ fn each_plane(
 #[cfg(target_arch = "x86_64")]
 mod tiles {
     use super::{BLOCK, Conv2dGeometry, LANES, MaybeUninit};
+
+    /// Channels per pass of [`vector_planes`].
+    const CHAINS: usize = 4;
     use crate::kernels::cpu::first_lanes;
     use crate::kernels::cpu::row_phases::{
         column_phase, load_row, next_lane, row_masks, store_interleaved,
@@ -410,41 +429,77 @@ mod tiles {
         }
     }
 
-    /// Planes `first..` of [`super::vector_planes`] (plane `i` is channel `i mod c_in`'s).
+    /// Samples `samples` of [`super::vector_planes`] (`dst` is theirs), `LANES / slot` of
+    /// them per vector, channel by channel.
     ///
     /// # Safety
-    /// AVX-512F; `src` and `dst` hold the same number of planes, each at most 16 floats, and
-    /// `taps` index only lanes of a source plane.
+    /// AVX-512F; `g` passed `single_vector`, `src` holds every sample's planes of
+    /// `src_plane` floats, and `taps` index only lanes of the vector's source planes.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn vector_planes(
+        g: &Conv2dGeometry,
         src: &[f32],
         dst: &mut [MaybeUninit<f32>],
         weight: &[f32],
         [src_plane, dst_plane]: [usize; 2],
-        (first, c_in): (usize, usize),
+        samples: std::ops::Range<usize>,
         taps: &[([i32; LANES], u16)],
     ) {
-        let planes = dst.len() / dst_plane;
-        assert!(src.len() == planes * src_plane && weight.len() == c_in * taps.len());
-        assert!(src_plane <= LANES && dst_plane <= LANES);
+        let (c_in, slot) = (g.c_in, super::slot(g));
+        assert!(src_plane.max(dst_plane) == slot && slot <= LANES);
+        assert!(src.len() == g.batch * c_in * src_plane && samples.end <= g.batch);
+        assert!(dst.len() == samples.len() * c_in * dst_plane && weight.len() == c_in * taps.len());
         let (load, store) = (first_lanes(src_plane), first_lanes(dst_plane));
         let (src, out) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
-        for i in 0..planes {
-            let w = &weight[(first + i) % c_in * taps.len()..][..taps.len()];
-            // SAFETY: plane `i` has `src_plane` floats.
-            let x = unsafe { _mm512_maskz_loadu_ps(load, src.add(i * src_plane)) };
-            let mut acc = _mm512_setzero_ps();
-            for (&wk, (index, lanes)) in w.iter().zip(taps) {
-                if *lanes == 0 {
-                    continue;
+        for first in samples.clone().step_by(LANES / slot) {
+            let count = (samples.end - first).min(LANES / slot);
+            // Four channels at a time: four independent chains of adds (one chain per vector
+            // waited on each add's latency, 10% slower on 4×4 maps).
+            for c0 in (0..c_in).step_by(CHAINS) {
+                let channels = (c_in - c0).min(CHAINS);
+                // Sample `first + j`'s plane of channel `c0 + b` in lanes `j·slot ..` of `x[b]`.
+                let mut x = [_mm512_setzero_ps(); CHAINS];
+                for (b, x) in x.iter_mut().enumerate().take(channels) {
+                    for j in 0..count {
+                        let at = ((first + j) * c_in + c0 + b) * src_plane;
+                        // SAFETY: the lanes read the `src_plane` floats at `at`.
+                        *x = unsafe {
+                            _mm512_mask_loadu_ps(
+                                *x,
+                                load << (j * slot),
+                                src.add(at).wrapping_sub(j * slot),
+                            )
+                        };
+                    }
                 }
-                // SAFETY: 16 readable `i32`s.
-                let index = unsafe { _mm512_loadu_si512(index.as_ptr().cast()) };
-                let v = _mm512_maskz_permutexvar_ps(*lanes, index, x);
-                acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(wk), v));
+                let mut acc = [_mm512_setzero_ps(); CHAINS];
+                for (k, (index, lanes)) in taps.iter().enumerate() {
+                    if *lanes == 0 {
+                        continue;
+                    }
+                    // SAFETY: 16 readable `i32`s.
+                    let index = unsafe { _mm512_loadu_si512(index.as_ptr().cast()) };
+                    for (b, (acc, x)) in acc.iter_mut().zip(x).enumerate() {
+                        // Missing channels (past `c_in`) compute on zeros, never stored.
+                        let wk = weight[(c0 + b).min(c_in - 1) * taps.len() + k];
+                        let v = _mm512_maskz_permutexvar_ps(*lanes, index, x);
+                        *acc = _mm512_add_ps(*acc, _mm512_mul_ps(_mm512_set1_ps(wk), v));
+                    }
+                }
+                for (b, acc) in acc.into_iter().enumerate().take(channels) {
+                    for j in 0..count {
+                        let at = ((first + j - samples.start) * c_in + c0 + b) * dst_plane;
+                        // SAFETY: the lanes write the `dst_plane` floats at `at`, in `dst`.
+                        unsafe {
+                            _mm512_mask_storeu_ps(
+                                out.add(at).wrapping_sub(j * slot),
+                                store << (j * slot),
+                                acc,
+                            )
+                        };
+                    }
+                }
             }
-            // SAFETY: plane `i` of `dst` has `dst_plane` floats.
-            unsafe { _mm512_mask_storeu_ps(out.add(i * dst_plane), store, acc) };
         }
     }
 }
