@@ -290,14 +290,14 @@ fn each_plane(
 #[cfg(target_arch = "x86_64")]
 mod tiles {
     use super::{BLOCK, Conv2dGeometry, LANES, MaybeUninit};
-
-    /// Channels per pass of [`vector_planes`].
-    const CHAINS: usize = 4;
     use crate::kernels::cpu::first_lanes;
     use crate::kernels::cpu::row_phases::{
         column_phase, load_row, next_lane, row_masks, store_interleaved,
     };
     use std::arch::x86_64::*;
+
+    /// Channels per pass of [`vector_planes`].
+    const CHAINS: usize = 4;
 
     /// One plane of [`super::gather`].
     ///
