@@ -312,29 +312,34 @@ impl Conv2dGeometry {
     /// the same sum in the same order whatever the product's width, so grouping changes no bit
     /// (tested); groups are fixed runs of samples, so neither does the thread count.
     ///
-    /// A batch of two or more samples makes at least two groups, all of one size but the last:
-    /// on 4×4 and 2×2 maps FedMR's 50 samples made groups of 32 and 18, and evaluation's chunks
+    /// A batch of two or more samples makes at least two groups, all of one size but the last,
+    /// sized so that two threads finish together: of the sizes from the widest down to half of
+    /// it, the one whose groups split most evenly in two ([`two_way_load`]), the wider on a tie.
+    /// On 4×4 and 2×2 maps FedMR's 50 samples made groups of 32 and 18, and evaluation's chunks
     /// of 32 one group, so on two threads one sat idle for a third or all of MobileNetV1's
-    /// pointwise layers there; now 25 + 25 and 16 + 16. Only where gemm splits the depth into
-    /// the same blocks for these widths as for the widest groups (so the bits stay those of
-    /// the widest groups).
+    /// pointwise layers there; now 25 + 25 and 16 + 16. On 7×7 maps five groups of 10 left one
+    /// thread a third idle; now ten of 5 (and on 8×8 maps ten of 5, not six of 8 and one of 2).
+    /// Only where gemm splits the depth into the same blocks for these widths as for the
+    /// widest groups (so the bits stay those of the widest groups).
     fn group(&self) -> usize {
         let widest = (GROUP_PIXELS / self.out_plane().max(1)).clamp(1, MAX_GROUP);
         if self.batch < 2 {
             return widest;
         }
-        let groups = self.batch.div_ceil(widest).max(2);
-        let group = self.batch.div_ceil(groups);
-        let mut widths = self.group_widths(widest);
-        widths.extend(self.group_widths(group));
-        let same_blocks = |m: usize, k: usize| common_depth_block(m, &widths, k).is_some();
-        if group == widest
-            || !same_blocks(self.c_out, self.col_rows())
-            || !same_blocks(self.col_rows(), self.c_out)
-        {
-            return widest;
-        }
-        group
+        let widest_widths = self.group_widths(widest);
+        let same_blocks = |size: usize| {
+            let widths = [widest_widths.as_slice(), &self.group_widths(size)].concat();
+            [(self.c_out, self.col_rows()), (self.col_rows(), self.c_out)]
+                .into_iter()
+                .all(|(m, k)| common_depth_block(m, &widths, k).is_some())
+        };
+        let most = widest.min(self.batch.div_ceil(2));
+        let mut sizes: Vec<usize> = (most.div_ceil(2)..=most).collect();
+        sizes.sort_by_key(|&size| (two_way_load(self.batch, size), std::cmp::Reverse(size)));
+        sizes
+            .into_iter()
+            .find(|&size| size == widest || same_blocks(size))
+            .unwrap_or(widest)
     }
 
     /// Samples per gemm of the im2col input gradient. A pointwise convolution's per-sample gemm
@@ -381,6 +386,14 @@ impl Conv2dGeometry {
         };
         vec![0.0; len]
     }
+}
+
+/// The samples the busier of two threads computes when `batch` samples run as groups of
+/// `size` (the last one shorter), with the groups split between the threads as evenly as they
+/// go.
+fn two_way_load(batch: usize, size: usize) -> usize {
+    let (whole, rest) = (batch / size, batch % size);
+    whole.div_ceil(2) * size + if whole.is_multiple_of(2) { rest } else { 0 }
 }
 
 /// Forward convolution: `y[n] = W · im2col(x[n]) + b`. `x` is `[batch, c_in, h, w]`, `weight`

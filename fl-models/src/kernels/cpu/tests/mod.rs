@@ -244,17 +244,19 @@ fn grouping_samples_into_one_gemm_changes_no_bits() {
     // (gemm splits their 512- and 1024-deep sums into the same blocks either way), and a batch
     // that leaves a partial group.
     // Their batches split into at least two groups of one size (training's 50 samples, an
-    // evaluation chunk of 32), which keep the widest groups' bits.
+    // evaluation chunk of 32), which keep the widest groups' bits; on 7×7 maps (MobileNetV1's
+    // on 1×28×28 inputs) ten groups of 5, not five of 10, so that two threads share them evenly.
     let pointwise = [
         geometry([50, 512, 4, 4], [512, 1, 1], [1, 1], [(0, 0), (0, 0)]),
         geometry([45, 1024, 2, 2], [1024, 1, 1], [1, 1], [(0, 0), (0, 0)]),
         geometry([32, 512, 4, 4], [512, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+        geometry([50, 256, 7, 7], [256, 1, 1], [1, 1], [(0, 0), (0, 0)]),
     ];
     for g in &pointwise {
         assert!(g.input_grad_group() > 1, "{g:?}");
     }
     let groups: Vec<usize> = pointwise.iter().map(|g| g.group()).collect();
-    assert_eq!(groups, [25, 23, 16]);
+    assert_eq!(groups, [25, 23, 16, 5]);
     shapes.extend(pointwise);
     // MobileNetV3's squeeze-and-excitation layers on 1×1 maps: a one-column product sums in
     // another order, so these stay one gemm per sample (grouped, they differed).
