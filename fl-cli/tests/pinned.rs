@@ -16,7 +16,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{FL, metrics, weights, words};
+use common::{DEBIAN_FMNIST, FL, metrics, weights, words};
 use sha2::{Digest, Sha256};
 
 const PINS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pinned.json");
@@ -122,6 +122,15 @@ type Pins = BTreeMap<String, BTreeMap<String, [String; 2]>>;
 
 #[test]
 fn every_algorithm_reproduces_its_pinned_outputs() {
+    // Without the Debian package `fl` trains on its embedded subset of Fashion-MNIST, and every
+    // pin would read as changed.
+    assert!(
+        Path::new(DEBIAN_FMNIST)
+            .join("train-images-idx3-ubyte.gz")
+            .is_file(),
+        "the pins are of runs on Debian's Fashion-MNIST, and {DEBIAN_FMNIST} is missing: \
+         apt-get install dataset-fashion-mnist"
+    );
     let dir = tempfile::tempdir().unwrap();
     let mut got = BTreeMap::new();
     for (name, args) in cases() {
