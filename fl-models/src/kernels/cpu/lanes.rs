@@ -193,20 +193,23 @@ fn to_lanes(
     pixel_major: bool,
 ) -> Aligned {
     let per_sample = channels * pixels;
-    let mut out = Aligned::zeroed(batch.div_ceil(LANES) * per_sample * LANES);
-    out.par_chunks_mut(per_sample * LANES)
-        .zip(values.par_chunks(per_sample * LANES))
-        .for_each(|(dst, src)| {
-            let at = |i: usize| {
-                if pixel_major {
-                    (i % pixels) * channels + i / pixels
-                } else {
-                    i
-                }
-            };
-            to_lanes_group(src, per_sample, dst, at);
-        });
-    out
+    let fill = |out: &mut [MaybeUninit<f32>]| {
+        out.par_chunks_mut(per_sample * LANES)
+            .zip(values.par_chunks(per_sample * LANES))
+            .for_each(|(dst, src)| {
+                let at = |i: usize| {
+                    if pixel_major {
+                        (i % pixels) * channels + i / pixels
+                    } else {
+                        i
+                    }
+                };
+                to_lanes_group(src, per_sample, dst, at);
+            })
+    };
+    // SAFETY: `at` maps the `per_sample` values onto all of a group's vectors, and
+    // `to_lanes_group` writes each (zeros in the missing samples' lanes).
+    unsafe { Aligned::written_whole(batch.div_ceil(LANES) * per_sample * LANES, fill) }
 }
 
 /// The inverse of [`to_lanes`] for tiled results `[tiles][groups][pixels][TILE][LANES]`, a
@@ -285,25 +288,28 @@ fn forward_head(
         bias_padded[..g.c_out].copy_from_slice(b);
     }
     let xs = to_lanes(x, g.batch, g.c_in, g.in_plane(), false);
-    per_tile(
-        [g.batch, g.c_out, g.out_plane()],
-        spare,
-        |group, tile, dst| {
-            let len = g.input_len() * LANES;
-            let x_group = |i: usize| &xs[(group + i) * len..][..len];
-            let w_tile = &packed[tile * rows * TILE..][..rows * TILE];
-            let b_tile = &bias_padded[tile * TILE..][..TILE];
-            if dst.len() == PAIR * g.out_plane() * TILE * LANES {
-                forward_groups(g, order, [x_group(0), x_group(1)], w_tile, b_tile, dst);
-            } else {
-                forward_groups(g, order, [x_group(0)], w_tile, b_tile, dst);
-            }
-        },
-    )
+    let task = |group: usize, tile: usize, dst: &mut [MaybeUninit<f32>]| {
+        let len = g.input_len() * LANES;
+        let x_group = |i: usize| &xs[(group + i) * len..][..len];
+        let w_tile = &packed[tile * rows * TILE..][..rows * TILE];
+        let b_tile = &bias_padded[tile * TILE..][..TILE];
+        if dst.len() == PAIR * g.out_plane() * TILE * LANES {
+            forward_groups(g, order, [x_group(0), x_group(1)], w_tile, b_tile, dst);
+        } else {
+            forward_groups(g, order, [x_group(0)], w_tile, b_tile, dst);
+        }
+    };
+    // SAFETY: `forward_tile` stores every output of its groups' tile.
+    unsafe { per_tile([g.batch, g.c_out, g.out_plane()], spare, task) }
 }
 
 /// One group of [`to_lanes`] on the active tier (see `tiles::to_lanes_group`).
-fn to_lanes_group(src: &[f32], per_sample: usize, dst: &mut [f32], at: impl Fn(usize) -> usize) {
+fn to_lanes_group(
+    src: &[f32],
+    per_sample: usize,
+    dst: &mut [MaybeUninit<f32>],
+    at: impl Fn(usize) -> usize,
+) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: this kernel runs only where `applies` checked the tier; `to_lanes_group` checks
     // the lengths.
@@ -324,7 +330,7 @@ fn forward_groups<const V: usize>(
     x: [&[f32]; V],
     w: &[f32],
     bias: &[f32],
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `applies` checked the tier; the callers' slices have the lengths `forward_tile`
@@ -347,7 +353,7 @@ fn input_grad_groups<const V: usize>(
     order: Order,
     dy: [&[f32]; V],
     w: &[f32],
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as in `forward_groups`, for `input_grad_tile`.
@@ -364,26 +370,32 @@ fn input_grad_groups<const V: usize>(
 
 /// Runs `task(group, tile, out)` on the thread pool for every pair of groups of [`LANES`]
 /// samples (the last one alone where their count is odd) and tile of `channels`, each writing
-/// its own `[samples][pixels][TILE][LANES]` block (one or two groups of samples), and returns the
-/// blocks as `[batch, channels, pixels]`, with room for `spare` more floats.
-fn per_tile(
+/// the whole of its own `[samples][pixels][TILE][LANES]` block (one or two groups of samples),
+/// and returns the blocks as `[batch, channels, pixels]`, with room for `spare` more floats.
+///
+/// # Safety
+/// `task` writes every float of the block it is given.
+unsafe fn per_tile(
     [batch, channels, pixels]: [usize; 3],
     spare: usize,
-    task: impl Fn(usize, usize, &mut [f32]) + Sync,
+    task: impl Fn(usize, usize, &mut [MaybeUninit<f32>]) + Sync,
 ) -> Vec<f32> {
     let (groups, tiles) = (batch.div_ceil(LANES), channels.div_ceil(TILE));
     let group_len = pixels * TILE * LANES;
     // Tile-major, so a task's groups are one contiguous block.
-    let mut out = Aligned::zeroed(tiles * groups * group_len);
-    out.par_chunks_mut(groups * group_len)
-        .enumerate()
-        .flat_map(|(tile, blocks)| {
-            blocks
-                .par_chunks_mut(PAIR * group_len)
-                .enumerate()
-                .map(move |(pair, dst)| (PAIR * pair, tile, dst))
-        })
-        .for_each(|(group, tile, dst)| task(group, tile, dst));
+    let fill = |out: &mut [MaybeUninit<f32>]| {
+        out.par_chunks_mut(groups * group_len)
+            .enumerate()
+            .flat_map(|(tile, blocks)| {
+                blocks
+                    .par_chunks_mut(PAIR * group_len)
+                    .enumerate()
+                    .map(move |(pair, dst)| (PAIR * pair, tile, dst))
+            })
+            .for_each(|(group, tile, dst)| task(group, tile, dst))
+    };
+    // SAFETY: the blocks cover the buffer, and `task` writes each whole (the caller's contract).
+    let out = unsafe { Aligned::written_whole(tiles * groups * group_len, fill) };
     from_lanes(&out, [batch, channels, pixels], spare)
 }
 
@@ -415,34 +427,36 @@ fn input_grad_head(
     // Weights as [tiles][taps][c_out][TILE]: per output channel, a tap's input channels in one
     // cache line. A tile per task; per output channel, its tile's taps are one contiguous
     // `[TILE][taps]` block, transposed in registers (VGG-16's 9.4 MB weights at each call).
-    let mut packed = Aligned::zeroed(tiles * taps * g.c_out * TILE);
-    packed
-        .par_chunks_mut(taps * g.c_out * TILE)
-        .enumerate()
-        .for_each(|(tile, dst)| {
-            let count = (g.c_in - tile * TILE).min(TILE);
-            for o in 0..g.c_out {
-                let src = &weight[(o * g.c_in + tile * TILE) * taps..][..count * taps];
-                // Tap `k` goes to vector `k · c_out + o` of `dst`.
-                to_lanes_group(src, taps, dst, |k| k * g.c_out + o);
-            }
-        });
+    let pack = |packed: &mut [MaybeUninit<f32>]| {
+        packed
+            .par_chunks_mut(taps * g.c_out * TILE)
+            .enumerate()
+            .for_each(|(tile, dst)| {
+                let count = (g.c_in - tile * TILE).min(TILE);
+                for o in 0..g.c_out {
+                    let src = &weight[(o * g.c_in + tile * TILE) * taps..][..count * taps];
+                    // Tap `k` goes to vector `k · c_out + o` of `dst`.
+                    to_lanes_group(src, taps, dst, |k| k * g.c_out + o);
+                }
+            })
+    };
+    // SAFETY: the output channels `o` and taps `k` cover a tile's `taps · c_out` vectors,
+    // each written (zeros in the lanes past the last tile's channels).
+    let packed = unsafe { Aligned::written_whole(tiles * taps * g.c_out * TILE, pack) };
     // Output gradients pixel-major, so a pixel's channels are consecutive vectors.
     let dys = to_lanes(dy, g.batch, g.c_out, g.out_plane(), true);
-    per_tile(
-        [g.batch, g.c_in, g.in_plane()],
-        spare,
-        |group, tile, dst| {
-            let len = g.output_len() * LANES;
-            let dy_group = |i: usize| &dys[(group + i) * len..][..len];
-            let w_tile = &packed[tile * taps * g.c_out * TILE..][..taps * g.c_out * TILE];
-            if dst.len() == PAIR * g.in_plane() * TILE * LANES {
-                input_grad_groups(g, order, [dy_group(0), dy_group(1)], w_tile, dst);
-            } else {
-                input_grad_groups(g, order, [dy_group(0)], w_tile, dst);
-            }
-        },
-    )
+    let task = |group: usize, tile: usize, dst: &mut [MaybeUninit<f32>]| {
+        let len = g.output_len() * LANES;
+        let dy_group = |i: usize| &dys[(group + i) * len..][..len];
+        let w_tile = &packed[tile * taps * g.c_out * TILE..][..taps * g.c_out * TILE];
+        if dst.len() == PAIR * g.in_plane() * TILE * LANES {
+            input_grad_groups(g, order, [dy_group(0), dy_group(1)], w_tile, dst);
+        } else {
+            input_grad_groups(g, order, [dy_group(0)], w_tile, dst);
+        }
+    };
+    // SAFETY: `input_grad_tile` zeroes and then sums every input pixel of its groups' tile.
+    unsafe { per_tile([g.batch, g.c_in, g.in_plane()], spare, task) }
 }
 
 /// The batch as whole vectors of samples and, where the samples after the last whole vector

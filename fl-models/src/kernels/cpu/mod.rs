@@ -247,12 +247,36 @@ pub(crate) struct Aligned {
 }
 
 impl Aligned {
+    /// Floats before and after the aligned start, so that it fits in the buffer.
+    const SPARE: usize = 64 / std::mem::size_of::<f32>() - 1;
+
     /// `len` zeros (zeroed on the thread pool, like [`par_zeroed`]).
     pub(crate) fn zeroed(len: usize) -> Self {
-        const SPARE: usize = 64 / std::mem::size_of::<f32>() - 1;
-        let buf = par_zeroed(len + SPARE);
+        let buf = par_zeroed(len + Self::SPARE);
         // `align_offset` may give up (`usize::MAX`): the buffer is then only unaligned.
-        let start = buf.as_ptr().align_offset(64).min(SPARE);
+        let start = buf.as_ptr().align_offset(64).min(Self::SPARE);
+        Self { buf, start, len }
+    }
+
+    /// `len` floats that `fill` writes whole, not zeroed first (see [`written_whole`]).
+    ///
+    /// # Safety
+    /// `fill` writes every one of the `len` elements it is given.
+    pub(crate) unsafe fn written_whole(
+        len: usize,
+        fill: impl FnOnce(&mut [MaybeUninit<f32>]),
+    ) -> Self {
+        let mut buf = Vec::<f32>::with_capacity(len + Self::SPARE);
+        let start = buf.as_ptr().align_offset(64).min(Self::SPARE);
+        let spare = &mut buf.spare_capacity_mut()[..len + Self::SPARE];
+        let (head, rest) = spare.split_at_mut(start);
+        let (body, tail) = rest.split_at_mut(len);
+        head.fill(MaybeUninit::new(0.0));
+        tail.fill(MaybeUninit::new(0.0));
+        fill(body);
+        // SAFETY: the head and tail are written above, the body by `fill` (the caller's
+        // contract).
+        unsafe { buf.set_len(len + Self::SPARE) };
         Self { buf, start, len }
     }
 }

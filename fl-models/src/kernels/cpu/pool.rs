@@ -1,5 +1,7 @@
 //! Max-pooling (no padding, no dilation, floor mode) forward and backward.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 /// Shapes and options of one max-pooling (no padding, no dilation, floor mode).
@@ -61,19 +63,34 @@ fn has_nan_outside_windows(g: &PoolGeometry, plane: &[f32]) -> bool {
     has_nan(&plane[2 * oh * w..h * w]) || rows.take(2 * oh).any(|row| has_nan(&row[2 * ow..]))
 }
 
+/// `planes` planes of `len` floats, `fill(i, plane)` writing plane `i` on the thread pool, each
+/// zeroed by its task just before (in the L1 cache, not in a pass over the whole output first).
+fn per_plane(planes: usize, len: usize, fill: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+    if len == 0 {
+        return Vec::new();
+    }
+    let write = |out: &mut [MaybeUninit<f32>]| {
+        out.par_chunks_mut(len).enumerate().for_each(|(i, plane)| {
+            plane.fill(MaybeUninit::new(0.0));
+            // SAFETY: every float of the plane was just written.
+            fill(i, unsafe { plane.assume_init_mut() })
+        })
+    };
+    // SAFETY: the planes cover the buffer, and each is written whole above.
+    unsafe { super::written_whole(planes * len, write) }
+}
+
 /// Max-pooling forward.
 pub fn max_pool2d_forward(g: &PoolGeometry, x: &[f32]) -> Vec<f32> {
     let in_plane = g.input[0] * g.input[1];
     let [oh, ow] = g.output;
-    let mut y = super::par_zeroed(g.planes * oh * ow);
     if oh * ow == 0 || in_plane == 0 {
-        return y;
+        return super::par_zeroed(g.planes * oh * ow);
     }
     let pair = g.kernel == [2, 2] && g.stride == [2, 2];
-    y.par_chunks_mut(oh * ow)
-        .zip(x.par_chunks(in_plane))
-        .for_each(|(y_p, x_p)| pool_forward_plane(g, pair, x_p, y_p));
-    y
+    per_plane(g.planes, oh * ow, |i, y_p| {
+        pool_forward_plane(g, pair, &x[i * in_plane..][..in_plane], y_p)
+    })
 }
 
 #[inline(never)]
@@ -126,15 +143,14 @@ fn pool_forward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], y_p: &mut [f32]
 pub fn max_pool2d_backward(g: &PoolGeometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let in_plane = g.input[0] * g.input[1];
     let [oh, ow] = g.output;
-    let mut dx = super::par_zeroed(g.planes * in_plane);
     if oh * ow == 0 || in_plane == 0 {
-        return dx;
+        return super::par_zeroed(g.planes * in_plane);
     }
     let pair = g.kernel == [2, 2] && g.stride == [2, 2];
-    dx.par_chunks_mut(in_plane)
-        .zip(x.par_chunks(in_plane).zip(dy.par_chunks(oh * ow)))
-        .for_each(|(dx_p, (x_p, dy_p))| pool_backward_plane(g, pair, x_p, dy_p, dx_p));
-    dx
+    per_plane(g.planes, in_plane, |i, dx_p| {
+        let x_p = &x[i * in_plane..][..in_plane];
+        pool_backward_plane(g, pair, x_p, &dy[i * oh * ow..][..oh * ow], dx_p)
+    })
 }
 
 #[inline(never)]

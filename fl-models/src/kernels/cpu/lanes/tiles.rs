@@ -12,20 +12,21 @@ use crate::kernels::lanes16::{Lanes16, tier_entries};
 type Sums<L, const V: usize, const PART: usize> = [[L; V]; PART];
 
 tier_entries!(to_lanes_avx512, to_lanes_avx2 =>
-    to_lanes_group<>(src: &[f32], per_sample: usize, dst: &mut [f32],
+    to_lanes_group<>(src: &[f32], per_sample: usize, dst: &mut [MaybeUninit<f32>],
         at: impl Fn(usize) -> usize));
 tier_entries!(from_lanes_avx512, from_lanes_avx2 =>
     from_lanes_group<>(src: &[f32], shape: [usize; 2], tile_stride: usize,
         dst: &mut [MaybeUninit<f32>]));
 tier_entries!(forward_avx512, forward_avx2 =>
     forward_tile<const V, const PART, const REST>(g: &Conv2dGeometry, order: Order, x: [&[f32]; V],
-        w: &[f32], bias: &[f32], out: &mut [f32]));
+        w: &[f32], bias: &[f32], out: &mut [MaybeUninit<f32>]));
 tier_entries!(input_grad_avx512, input_grad_avx2 =>
     input_grad_tile<const V, const PART, const REST>(g: &Conv2dGeometry, order: Order,
-        dy: [&[f32]; V], w: &[f32], out: &mut [f32]));
+        dy: [&[f32]; V], w: &[f32], out: &mut [MaybeUninit<f32>]));
 
 /// One group of [`super::to_lanes`]: `src` holds 1–16 samples of `per_sample` floats; value
-/// `i` of sample `lane` goes to `dst[at(i) · LANES + lane]`, zeros in the missing lanes.
+/// `i` of sample `lane` goes to `dst[at(i) · LANES + lane]`, zeros in the missing lanes (so
+/// `dst` is written whole where `at` maps onto all its vectors).
 ///
 /// # Safety
 /// `L`'s tier; `src.len()` a multiple of `per_sample` of at most 16 samples (checked, as
@@ -34,7 +35,7 @@ tier_entries!(input_grad_avx512, input_grad_avx2 =>
 unsafe fn to_lanes_group<L: Lanes16>(
     src: &[f32],
     per_sample: usize,
-    dst: &mut [f32],
+    dst: &mut [MaybeUninit<f32>],
     at: impl Fn(usize) -> usize,
 ) {
     let count = src.len() / per_sample;
@@ -54,7 +55,7 @@ unsafe fn to_lanes_group<L: Lanes16>(
             let to = at(i0 + k);
             assert!(to < dst.len() / LANES);
             // SAFETY: `to < dst.len() / LANES`, so the vector lies in `dst`.
-            unsafe { row.store(dst.as_mut_ptr().add(to * LANES)) };
+            unsafe { row.store(dst.as_mut_ptr().add(to * LANES).cast()) };
         }
     }
 }
@@ -160,7 +161,7 @@ unsafe fn load<L: Lanes16, const V: usize, const PART: usize>(
 /// # Safety
 /// `L`'s tier; each `x[v]` holds a group's input `[c_in][h][w][LANES]`, `w` the tile's
 /// weights `[c_in·kh·kw][TILE]`, `bias` [`TILE`] floats and `out`
-/// `V · out_plane · TILE · LANES`.
+/// `V · out_plane · TILE · LANES` (written whole: each float stored before it is read).
 #[inline(always)]
 unsafe fn forward_tile<L: Lanes16, const V: usize, const PART: usize, const REST: usize>(
     g: &Conv2dGeometry,
@@ -168,7 +169,7 @@ unsafe fn forward_tile<L: Lanes16, const V: usize, const PART: usize, const REST
     x: [&[f32]; V],
     w: &[f32],
     bias: &[f32],
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     // SAFETY: the same contract.
     unsafe {
@@ -205,7 +206,7 @@ unsafe fn forward_chains<
     x: [&[f32]; V],
     w: &[f32],
     bias: &[f32],
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     assert_eq!(BLOCKED, !order.from_bias);
     let whole = parts(PART, REST);
@@ -292,7 +293,7 @@ struct Part<'a, const V: usize> {
 unsafe fn forward_part<L: Lanes16, const V: usize, const P: usize, const BLOCKED: bool>(
     tile: &Part<V>,
     state: &mut [(Sums<L, V, P>, usize)],
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     let Part {
         g,
@@ -318,9 +319,9 @@ unsafe fn forward_part<L: Lanes16, const V: usize, const P: usize, const BLOCKED
             for ox in 0..ow {
                 let (kx_lo, kx_hi) = valid_taps(ox, kw, g.stride[1], g.pad_begin[1], wd);
                 let pixel = (oy * ow + ox) * TILE + half;
-                let dst: [*mut f32; V] = std::array::from_fn(|v| {
-                    out.as_mut_ptr().add((v * oh * ow * TILE + pixel) * LANES)
-                });
+                let out = out.as_mut_ptr().cast::<f32>();
+                let dst: [*mut f32; V] =
+                    std::array::from_fn(|v| out.add((v * oh * ow * TILE + pixel) * LANES));
                 let (mut sums, mut block) = if !BLOCKED {
                     // One chain from the bias, paused in `out` between chunks.
                     (if c0 == 0 { bias } else { load(&dst) }, 0)
@@ -385,14 +386,15 @@ unsafe fn forward_part<L: Lanes16, const V: usize, const P: usize, const BLOCKED
 /// # Safety
 /// `L`'s tier; each `dy[v]` holds a group's output gradient `[out_plane][c_out][LANES]`,
 /// `w` the tile's weights `[kh·kw][c_out][TILE]` and `out` `V · h · w · TILE · LANES`
-/// zeroed floats.
+/// floats (written whole: each pixel's vectors are zeroed before its first tap adds onto
+/// them, in the L1 cache, not in a pass over the whole output first).
 #[inline(always)]
 unsafe fn input_grad_tile<L: Lanes16, const V: usize, const PART: usize, const REST: usize>(
     g: &Conv2dGeometry,
     order: Order,
     dy: [&[f32]; V],
     w: &[f32],
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     let whole = parts(PART, REST);
     let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
@@ -408,8 +410,15 @@ unsafe fn input_grad_tile<L: Lanes16, const V: usize, const PART: usize, const R
     };
     // SAFETY: the asserts bound every access (`source` yields pixels inside the output).
     unsafe {
+        let (plane, out) = (h * wd * TILE * LANES, out.as_mut_ptr().cast::<f32>());
         for iy in 0..h {
             for ix in 0..wd {
+                let dst = out.add((iy * wd + ix) * TILE * LANES);
+                for v in 0..V {
+                    for t in 0..TILE {
+                        L::zero().store(dst.add(v * plane + t * LANES));
+                    }
+                }
                 for ky in 0..kh {
                     let Some(oy) = source(iy, ky, sh, ph, oh) else {
                         continue;
@@ -422,8 +431,6 @@ unsafe fn input_grad_tile<L: Lanes16, const V: usize, const PART: usize, const R
                             dy[v].as_ptr().add((oy * ow + ox) * g.c_out * LANES)
                         });
                         let wt = w.as_ptr().add((ky * kw + kx) * g.c_out * TILE);
-                        let dst = out.as_mut_ptr().add((iy * wd + ix) * TILE * LANES);
-                        let plane = h * wd * TILE * LANES;
                         // The tile's parts in turn, the later ones reading the same
                         // output gradients and weight lines from the L1 cache.
                         for p in 0..whole {
