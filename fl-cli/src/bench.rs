@@ -494,15 +494,19 @@ const LINEAR_SHAPES: [(&str, [usize; 2]); 7] = [
 /// their maps differ, 1×28×28): one per map size, kernel and stride, large maps to the
 /// smallest.
 #[cfg(feature = "flex")]
-const DEPTHWISE_SHAPES: [(&str, [usize; 4]); 14] = [
+const DEPTHWISE_SHAPES: [(&str, [usize; 4]); 18] = [
     ("mobilenet-v2 dw (144 @ 32×32)", [144, 32, 3, 1]),
     ("mobilenet-v1 dw1 (stride 2)", [64, 32, 3, 2]),
+    ("mobilenet-v1 dw1 (1×28×28, stride 2)", [64, 28, 3, 2]),
     ("mobilenet-v2 dw (144 @ 32×32, stride 2)", [144, 32, 3, 2]),
     ("mobilenet-v1 dw2", [128, 16, 3, 1]),
+    ("mobilenet-v1 dw2 (1×28×28)", [128, 14, 3, 1]),
     ("mobilenet-v1 dw3 (stride 2)", [128, 16, 3, 2]),
+    ("mobilenet-v1 dw3 (1×28×28, stride 2)", [128, 14, 3, 2]),
     ("mobilenet-v1 dw4", [256, 8, 3, 1]),
     ("mobilenet-v1 dw5 (stride 2)", [256, 8, 3, 2]),
     ("mobilenet-v1 dw4 (1×28×28)", [256, 7, 3, 1]),
+    ("mobilenet-v1 dw5 (1×28×28, stride 2)", [256, 7, 3, 2]),
     ("mobilenet-v1 dw6–dw10", [512, 4, 3, 1]),
     ("mobilenet-v1 dw12", [1024, 2, 3, 1]),
     ("mobilenet-v2 dw (576 @ 8×8)", [576, 8, 3, 1]),

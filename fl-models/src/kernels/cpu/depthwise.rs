@@ -125,6 +125,16 @@ impl Phased {
                     let x0 = j0 * sw + rx - pl;
                     if sw == 1 {
                         super::copy_short(&mut dst[j0..j1], &src[x0..x0 + (j1 - j0)]);
+                    } else if sw == 2 && j1 > j0 {
+                        // Every other value: whole pairs, which the compiler turns into
+                        // vector shuffles (the chunks below ran one value at a time and were
+                        // most of a stride-2 layer's weight gradient), then the last value.
+                        let (dst, n) = (&mut dst[j0..j1], j1 - j0);
+                        let pairs = src[x0..x0 + 2 * (n - 1)].chunks_exact(2);
+                        for (d, pair) in dst.iter_mut().zip(pairs) {
+                            *d = pair[0];
+                        }
+                        dst[n - 1] = src[x0 + 2 * (n - 1)];
                     } else {
                         // One chunk of `sw` per entry: `step_by` recomputed its remaining
                         // length at every element (a sixth of MobileNetV1's depthwise forward
@@ -165,6 +175,14 @@ impl Phased {
                     let x0 = j0 * sw + rx - pl;
                     if sw == 1 {
                         super::copy_short(&mut dst[x0..x0 + (j1 - j0)], &src[j0..j1]);
+                    } else if sw == 2 && j1 > j0 {
+                        // Whole pairs, then the last value, as in `load`.
+                        let (src, n) = (&src[j0..j1], j1 - j0);
+                        let pairs = dst[x0..x0 + 2 * (n - 1)].chunks_exact_mut(2);
+                        for (pair, v) in pairs.zip(src) {
+                            pair[0] = *v;
+                        }
+                        dst[x0 + 2 * (n - 1)] = src[n - 1];
                     } else {
                         // Chunks, as in `load`.
                         for (d, v) in dst[x0..].chunks_mut(sw).zip(&src[j0..j1]) {
