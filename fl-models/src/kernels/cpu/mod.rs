@@ -250,11 +250,16 @@ impl Aligned {
     /// Floats before and after the aligned start, so that it fits in the buffer.
     const SPARE: usize = 64 / std::mem::size_of::<f32>() - 1;
 
+    /// Where the first cache line starts in a buffer at `ptr` (`align_offset` may give up,
+    /// `usize::MAX`: the buffer is then only unaligned).
+    fn start(ptr: *const f32) -> usize {
+        ptr.align_offset(64).min(Self::SPARE)
+    }
+
     /// `len` zeros (zeroed on the thread pool, like [`par_zeroed`]).
     pub(crate) fn zeroed(len: usize) -> Self {
         let buf = par_zeroed(len + Self::SPARE);
-        // `align_offset` may give up (`usize::MAX`): the buffer is then only unaligned.
-        let start = buf.as_ptr().align_offset(64).min(Self::SPARE);
+        let start = Self::start(buf.as_ptr());
         Self { buf, start, len }
     }
 
@@ -266,17 +271,18 @@ impl Aligned {
         len: usize,
         fill: impl FnOnce(&mut [MaybeUninit<f32>]),
     ) -> Self {
-        let mut buf = Vec::<f32>::with_capacity(len + Self::SPARE);
-        let start = buf.as_ptr().align_offset(64).min(Self::SPARE);
-        let spare = &mut buf.spare_capacity_mut()[..len + Self::SPARE];
-        let (head, rest) = spare.split_at_mut(start);
-        let (body, tail) = rest.split_at_mut(len);
-        head.fill(MaybeUninit::new(0.0));
-        tail.fill(MaybeUninit::new(0.0));
-        fill(body);
-        // SAFETY: the head and tail are written above, the body by `fill` (the caller's
+        let mut start = 0;
+        let whole = |all: &mut [MaybeUninit<f32>]| {
+            start = Self::start(all.as_ptr().cast());
+            let (head, rest) = all.split_at_mut(start);
+            let (body, tail) = rest.split_at_mut(len);
+            head.fill(MaybeUninit::new(0.0));
+            tail.fill(MaybeUninit::new(0.0));
+            fill(body);
+        };
+        // SAFETY: the head and tail are zeroed above, the body written by `fill` (the caller's
         // contract).
-        unsafe { buf.set_len(len + Self::SPARE) };
+        let buf = unsafe { written_whole(len + Self::SPARE, whole) };
         Self { buf, start, len }
     }
 }

@@ -63,12 +63,10 @@ fn has_nan_outside_windows(g: &PoolGeometry, plane: &[f32]) -> bool {
     has_nan(&plane[2 * oh * w..h * w]) || rows.take(2 * oh).any(|row| has_nan(&row[2 * ow..]))
 }
 
-/// `planes` planes of `len` floats, `fill(i, plane)` writing plane `i` on the thread pool, each
-/// zeroed by its task just before (in the L1 cache, not in a pass over the whole output first).
+/// `planes` planes of `len > 0` floats, `fill(i, plane)` writing plane `i` on the thread pool,
+/// each zeroed by its task just before (in the L1 cache, not in a pass over the whole output
+/// first).
 fn per_plane(planes: usize, len: usize, fill: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
-    if len == 0 {
-        return Vec::new();
-    }
     let write = |out: &mut [MaybeUninit<f32>]| {
         out.par_chunks_mut(len).enumerate().for_each(|(i, plane)| {
             plane.fill(MaybeUninit::new(0.0));
