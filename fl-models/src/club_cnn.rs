@@ -1,6 +1,6 @@
 //! pFedClub's custom CNNs (CNN1–CNN4), as one configurable stack of conv and FC layers.
 
-use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
+use crate::kernels::{Activation, batch_norm_act, conv2d_forward, max_pool2d_forward};
 use crate::kernels::{linear, relu};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
@@ -277,10 +277,10 @@ impl BlockForward for StackedCnn {
     fn forward_block(&self, index: usize, x: Features) -> Features {
         if let Some(layer) = self.convs.get(index) {
             let mut x = self.scale(conv2d_forward(&layer.conv, x.into_map()));
-            if let Some(bn) = &layer.bn {
-                x = batch_norm_forward(bn, x);
-            }
-            x = relu(x);
+            x = match &layer.bn {
+                Some(bn) => batch_norm_act(bn, x, Activation::Relu),
+                None => relu(x),
+            };
             if layer.pool {
                 x = max_pool2d_forward(&self.pool, x);
             }

@@ -1,6 +1,6 @@
 //! MobileNetV1, V2 and V3-Small with CIFAR-sized strides (32×32 inputs keep a useful map size).
 
-use crate::kernels::{adaptive_avg_pool2d_forward, batch_norm_forward, conv2d_forward};
+use crate::kernels::{adaptive_avg_pool2d_forward, batch_norm_act, conv2d_forward};
 use crate::kernels::{linear, relu};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
@@ -52,8 +52,7 @@ impl ConvBnAct {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        self.act
-            .apply(batch_norm_forward(&self.bn, conv2d_forward(&self.conv, x)))
+        batch_norm_act(&self.bn, conv2d_forward(&self.conv, x), self.act)
     }
 }
 

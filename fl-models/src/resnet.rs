@@ -1,9 +1,10 @@
 //! ResNet-20 as published (He et al. 2016) and as the FedMR authors ran it.
 
 use crate::kernels::{
-    adaptive_avg_pool2d_forward, batch_norm_forward, conv2d_forward, max_pool2d_forward,
+    Activation, adaptive_avg_pool2d_forward, batch_norm_act, batch_norm_forward, conv2d_forward,
+    max_pool2d_forward,
 };
-use crate::kernels::{add, add_relu, relu};
+use crate::kernels::{add, add_relu};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2dConfig};
@@ -50,10 +51,8 @@ impl BasicBlock {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let out = relu(batch_norm_forward(
-            &self.bn1,
-            conv2d_forward(&self.conv1, x.clone()),
-        ));
+        let out = conv2d_forward(&self.conv1, x.clone());
+        let out = batch_norm_act(&self.bn1, out, Activation::Relu);
         let out = batch_norm_forward(&self.bn2, conv2d_forward(&self.conv2, out));
         add_relu(out, self.shortcut(x))
     }
@@ -190,10 +189,8 @@ impl BlockForward for ResNet20 {
     /// Blocks `stem`, one per unit, and `head` (global pooling and the FC layer).
     fn forward_block(&self, index: usize, x: Features) -> Features {
         if index == 0 {
-            return Features::Map(relu(batch_norm_forward(
-                &self.stem_bn,
-                conv2d_forward(&self.stem_conv, x.into_map()),
-            )));
+            let stem = conv2d_forward(&self.stem_conv, x.into_map());
+            return Features::Map(batch_norm_act(&self.stem_bn, stem, Activation::Relu));
         }
         match self.units.get(index - 1) {
             Some(unit) => Features::Map(unit.forward(x.into_map())),
@@ -285,15 +282,21 @@ impl PreActBottleneck {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let pre = relu(batch_norm_forward(&self.bn1, x.clone()));
+        let pre = batch_norm_act(&self.bn1, x.clone(), Activation::Relu);
         // Pre-activation: the projection shortcut sees the normalised input, identity sees x.
         let shortcut = match &self.shortcut {
             Some(proj) => conv2d_forward(proj, pre.clone()),
             None => x,
         };
         let out = conv2d_forward(&self.conv1, pre);
-        let out = conv2d_forward(&self.conv2, relu(batch_norm_forward(&self.bn2, out)));
-        let out = conv2d_forward(&self.conv3, relu(batch_norm_forward(&self.bn3, out)));
+        let out = conv2d_forward(
+            &self.conv2,
+            batch_norm_act(&self.bn2, out, Activation::Relu),
+        );
+        let out = conv2d_forward(
+            &self.conv3,
+            batch_norm_act(&self.bn3, out, Activation::Relu),
+        );
         add(out, shortcut)
     }
 }

@@ -1,6 +1,6 @@
 //! VGG-16 with BatchNorm for small images.
 
-use crate::kernels::{batch_norm_forward, conv2d_forward, max_pool2d_forward};
+use crate::kernels::{Activation, batch_norm_act, conv2d_forward, max_pool2d_forward};
 use crate::kernels::{linear, relu};
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
@@ -127,10 +127,8 @@ impl BlockForward for Vgg16 {
     /// Blocks `conv0` … `conv12` (the last one flattens its map), `fc1`, `fc2`, `fc3`.
     fn forward_block(&self, index: usize, x: Features) -> Features {
         if let Some(unit) = self.features.get(index) {
-            let mut x = relu(batch_norm_forward(
-                &unit.bn,
-                conv2d_forward(&unit.conv, x.into_map()),
-            ));
+            let conv = conv2d_forward(&unit.conv, x.into_map());
+            let mut x = batch_norm_act(&unit.bn, conv, Activation::Relu);
             if unit.pool {
                 x = max_pool2d_forward(&self.pool, x);
             }

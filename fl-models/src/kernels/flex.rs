@@ -13,6 +13,7 @@ use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use burn::tensor::{DType, Shape, Tensor, TensorData};
 use burn_flex::FlexTensor;
 
+use super::Activation;
 use super::cpu::{self, Conv2dGeometry, NormGeometry, PoolGeometry};
 
 /// Convolution and max-pooling kernels for CPU backends, with hand-written backward passes.
@@ -54,22 +55,26 @@ pub trait CpuKernelOps: Backend {
         grad: FloatTensor<Self>,
         options: MaxPoolOptions<2>,
     ) -> FloatTensor<Self>;
-    /// Batch normalisation of a `[batch, channels, h, w]` tensor with batch statistics: the
-    /// output, the channel means and the biased channel variances.
+    /// Batch normalisation of a `[batch, channels, h, w]` tensor with batch statistics, then
+    /// `act`: the output, the channel means and the biased channel variances.
     fn fl_batch_norm_train(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         epsilon: f64,
+        act: Activation,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
     /// Gradients of [`fl_batch_norm_train`](CpuKernelOps::fl_batch_norm_train) with respect to
     /// `x`, `gamma` and `beta`.
+    #[allow(clippy::too_many_arguments)]
     fn fl_batch_norm_train_backward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         variance: FloatTensor<Self>,
         epsilon: f64,
+        act: Activation,
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
     /// Batch normalisation of a `[batch, channels, h, w]` tensor with given statistics
@@ -214,12 +219,14 @@ pub(super) fn batch_norm_train(
     gamma: Tensor<1>,
     beta: Tensor<1>,
     epsilon: f64,
+    act: Activation,
 ) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
     let (y, mean, var) = <Dispatch as CpuKernelOps>::fl_batch_norm_train(
         x.into_dispatch(),
         gamma.into_dispatch(),
         beta.into_dispatch(),
         epsilon,
+        act,
     );
     (
         Tensor::from_dispatch(y),
@@ -383,31 +390,35 @@ impl CpuKernelOps for Flex {
         gamma: FlexTensor,
         beta: FlexTensor,
         epsilon: f64,
+        act: Activation,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
         let g = norm_geometry(&x);
         let dims = dims4(&x.shape());
-        let (x, gamma, beta) = (contiguous(x), contiguous(gamma), contiguous(beta));
-        let (y, mean, var) =
-            cpu::batch_norm_train_forward(&g, slice(&x), slice(&gamma), slice(&beta), epsilon);
+        let [x, gamma, beta] = [x, gamma, beta].map(contiguous);
+        let params = (slice(&gamma), slice(&beta));
+        let (y, mean, var) = cpu::batch_norm_train_forward(&g, slice(&x), params, epsilon, act);
         (flex_tensor(y, dims), flex_vector(mean), flex_vector(var))
     }
 
     fn fl_batch_norm_train_backward(
         x: FlexTensor,
         gamma: FlexTensor,
+        beta: FlexTensor,
         mean: FlexTensor,
         variance: FlexTensor,
         epsilon: f64,
+        act: Activation,
         grad: FlexTensor,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
         let g = norm_geometry(&x);
-        let (x, gamma, mut grad) = (contiguous(x), contiguous(gamma), owned(grad));
-        let (mean, variance) = (contiguous(mean), contiguous(variance));
+        let mut grad = owned(grad);
+        let [x, gamma, beta, mean, variance] = [x, gamma, beta, mean, variance].map(contiguous);
         let (d_gamma, d_beta) = cpu::batch_norm_train_backward(
             &g,
             slice(&x),
-            (slice(&gamma), slice(&mean), slice(&variance)),
+            (slice(&gamma), slice(&beta), slice(&mean), slice(&variance)),
             epsilon,
+            act,
             values_mut(&mut grad).expect(OWNED),
         );
         (grad, flex_vector(d_gamma), flex_vector(d_beta))
@@ -520,8 +531,8 @@ impl<B: Backend + CpuKernelOps> Backward<B, 1> for MaxPool2dBackward {
 struct BatchNormTrainBackward;
 
 impl<B: Backend + CpuKernelOps> Backward<B, 3> for BatchNormTrainBackward {
-    // x and γ are checkpointed; the batch statistics come along as the forward computed them.
-    type State = (NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, f64);
+    // x, γ and β are checkpointed; the batch statistics come along as the forward computed them.
+    type State = ([NodeId; 3], FloatTensor<B>, FloatTensor<B>, f64, Activation);
 
     fn backward(
         self,
@@ -530,11 +541,11 @@ impl<B: Backend + CpuKernelOps> Backward<B, 3> for BatchNormTrainBackward {
         checkpointer: &mut Checkpointer,
     ) {
         let grad = grads.consume::<B>(&ops.node);
-        let (x, gamma, mean, variance, epsilon) = ops.state;
-        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x);
-        let gamma = checkpointer.retrieve_node_output::<FloatTensor<B>>(gamma);
+        let (nodes, mean, variance, epsilon, act) = ops.state;
+        let [x, gamma, beta] =
+            nodes.map(|node| checkpointer.retrieve_node_output::<FloatTensor<B>>(node));
         let (dx, d_gamma, d_beta) =
-            B::fl_batch_norm_train_backward(x, gamma, mean, variance, epsilon, grad);
+            B::fl_batch_norm_train_backward(x, gamma, beta, mean, variance, epsilon, act, grad);
         let [node_x, node_gamma, node_beta] = ops.parents;
         for (node, grad) in [(node_x, dx), (node_gamma, d_gamma), (node_beta, d_beta)] {
             if let Some(node) = node {
@@ -674,6 +685,7 @@ impl<B: Backend + CpuKernelOps, C: CheckpointStrategy> CpuKernelOps for Autodiff
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         epsilon: f64,
+        act: Activation,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let parents = [x.node(), gamma.node(), beta.node()];
         match BatchNormTrainBackward
@@ -682,14 +694,15 @@ impl<B: Backend + CpuKernelOps, C: CheckpointStrategy> CpuKernelOps for Autodiff
             .stateful()
         {
             OpsKind::Tracked(mut prep) => {
-                let (x_state, gamma_state) = (prep.checkpoint(&x), prep.checkpoint(&gamma));
+                let nodes = [&x, &gamma, &beta].map(|t| prep.checkpoint(t));
                 let (y, mean, var) = B::fl_batch_norm_train(
                     x.into_primitive(),
                     gamma.into_primitive(),
                     beta.into_primitive(),
                     epsilon,
+                    act,
                 );
-                let state = (x_state, gamma_state, mean.clone(), var.clone(), epsilon);
+                let state = (nodes, mean.clone(), var.clone(), epsilon, act);
                 let y = prep.finish(state, y);
                 (y, Self::from_inner(mean), Self::from_inner(var))
             }
@@ -699,6 +712,7 @@ impl<B: Backend + CpuKernelOps, C: CheckpointStrategy> CpuKernelOps for Autodiff
                     gamma.into_primitive(),
                     beta.into_primitive(),
                     epsilon,
+                    act,
                 );
                 (
                     prep.finish(y),
@@ -712,9 +726,11 @@ impl<B: Backend + CpuKernelOps, C: CheckpointStrategy> CpuKernelOps for Autodiff
     fn fl_batch_norm_train_backward(
         _x: FloatTensor<Self>,
         _gamma: FloatTensor<Self>,
+        _beta: FloatTensor<Self>,
         _mean: FloatTensor<Self>,
         _variance: FloatTensor<Self>,
         _epsilon: f64,
+        _act: Activation,
         _grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         unimplemented!("second-order gradients of the flex batch-norm kernel")

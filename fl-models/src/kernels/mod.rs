@@ -36,6 +36,8 @@ mod flex_mobile;
 pub(crate) mod isa;
 #[cfg(feature = "flex")]
 mod lanes16;
+#[cfg(all(test, feature = "flex"))]
+mod norm_tests;
 #[cfg(feature = "flex")]
 pub mod roofline;
 mod switches;
@@ -172,13 +174,25 @@ pub fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
 /// (batch statistics, running-statistics update) and the inference pass (running statistics;
 /// evaluation and frozen layers) on the fast kernels where they apply.
 pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
+    batch_norm_act(norm, x, Activation::Identity)
+}
+
+/// `act(`[`batch_norm_forward`]`(norm, x))`, bit for bit, with the activation applied in the
+/// training pass's own passes (one pass over the maps fewer each way) where the kernels apply.
+pub fn batch_norm_act(norm: &BatchNorm, x: Tensor<4>, act: Activation) -> Tensor<4> {
     #[cfg(feature = "flex")]
     if kernel_enabled(Kernel::BatchNorm) && flex::handles_batch_norm(&x, &norm.gamma.val()) {
         let device = x.device();
         // Burn's own choice between the two passes.
         if device.is_autodiff() && norm.training.is_enabled() {
+            // Fused only where the activation's own kernel would run (the switches' A/B).
+            let fused = if kernel_enabled(Kernel::Activation) {
+                act
+            } else {
+                Activation::Identity
+            };
             let (y, mean, var) =
-                flex::batch_norm_train(x, norm.gamma.val(), norm.beta.val(), norm.epsilon);
+                flex::batch_norm_train(x, norm.gamma.val(), norm.beta.val(), norm.epsilon, fused);
             // The running statistics as Burn's BatchNorm updates them.
             let update = |state: &burn::module::RunningState<Tensor<1>>, batch: Tensor<1>| {
                 let running = state.value_sync().to_device(&device);
@@ -189,7 +203,7 @@ pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
             };
             update(&norm.running_mean, mean);
             update(&norm.running_var, var);
-            return y;
+            return if fused == act { y } else { act.apply(y) };
         }
         // Inference (evaluation, frozen layers), where only `x` can take a gradient.
         let (gamma, beta) = (norm.gamma.val(), norm.beta.val());
@@ -198,10 +212,10 @@ pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
             let var = norm.running_var.value().to_device(&device);
             // As Burn's `batch_norm` computes it: the same value, bit for bit.
             let std = var.add_scalar(norm.epsilon).sqrt();
-            return flex::batch_norm_inference(x, gamma, beta, mean, std);
+            return act.apply(flex::batch_norm_inference(x, gamma, beta, mean, std));
         }
     }
-    norm.forward(x)
+    act.apply(norm.forward(x))
 }
 
 /// Burn's [`Linear::forward`] for a batch of vectors, bit for bit, on the flex kernel where it
@@ -410,51 +424,6 @@ mod tests {
         assert_eq!(bits(ours), bits(pool.forward(x)));
     }
 
-    /// Training-mode batch norm: output, all three gradients and the running statistics agree
-    /// with Burn's BatchNorm.
-    #[test]
-    fn batch_norm_and_its_gradients_match_burn() {
-        use burn::nn::BatchNormConfig;
-        let device = Device::flex().autodiff();
-        // Two separate modules (a clone could share the running state) with the same random γ, β.
-        let gamma = Tensor::<1>::random([5], Distribution::Normal(1.0, 0.5), &device);
-        let beta = Tensor::<1>::random([5], Distribution::Normal(0.0, 0.5), &device);
-        let make = || {
-            let mut bn = BatchNormConfig::new(5).init(&device);
-            bn.gamma = burn::module::Param::from_tensor(gamma.clone());
-            bn.beta = burn::module::Param::from_tensor(beta.clone());
-            bn
-        };
-        let (ours_bn, burn_bn) = (make(), make());
-        let x = Tensor::<4>::random([4, 5, 6, 7], Distribution::Normal(2.0, 3.0), &device)
-            .require_grad();
-        let ours = batch_norm_forward(&ours_bn, x.clone());
-        let burns = burn_bn.forward(x.clone());
-        close(ours.clone(), burns.clone());
-        let probe = Tensor::<4>::random(burns.dims(), Distribution::Normal(0.0, 1.0), &device);
-        let g_ours = (ours * probe.clone()).sum().backward();
-        let g_burn = (burns * probe).sum().backward();
-        close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
-        let vec4 = |t: Tensor<1>| t.reshape([1, 1, 1, -1]);
-        for (a, b) in [
-            (&ours_bn.gamma, &burn_bn.gamma),
-            (&ours_bn.beta, &burn_bn.beta),
-        ] {
-            close(
-                vec4(a.grad(&g_ours).unwrap()),
-                vec4(b.grad(&g_burn).unwrap()),
-            );
-        }
-        close(
-            vec4(ours_bn.running_mean.value()),
-            vec4(burn_bn.running_mean.value()),
-        );
-        close(
-            vec4(ours_bn.running_var.value()),
-            vec4(burn_bn.running_var.value()),
-        );
-    }
-
     /// Depthwise convolutions (MobileNets' 3×3 and 5×5, strides 1 and 2) and the fused
     /// activations: values and gradients agree with Burn's ops, on every instruction tier.
     #[test]
@@ -587,48 +556,6 @@ mod tests {
                 assert_eq!(bits(in_place), bits(ours), "op {i}: in place");
             }
         });
-    }
-
-    /// Inference batch norm (evaluation, and frozen layers on the training device with the
-    /// gradient flowing through to the input) is Burn's bit for bit, on every instruction tier.
-    #[test]
-    fn inference_batch_norm_is_burns_bit_for_bit() {
-        use burn::module::{Module, Param};
-        use burn::nn::BatchNormConfig;
-        let bits = |t: Tensor<4>| {
-            let v = t.into_data().try_to_vec::<f32>().unwrap();
-            v.into_iter().map(f32::to_bits).collect::<Vec<_>>()
-        };
-        let check = |_| {
-            let device = Device::flex().autodiff();
-            let normal = |m, s| Distribution::Normal(m, s);
-            let mut bn = BatchNormConfig::new(5).init(&device);
-            bn.gamma = Param::from_tensor(Tensor::random([5], normal(1.0, 0.5), &device));
-            bn.beta = Param::from_tensor(Tensor::random([5], normal(0.0, 0.5), &device));
-            // Running statistics away from 0 and 1: one training step on Burn's ops.
-            let _ = bn.forward(Tensor::<4>::random([8, 5, 6, 7], normal(2.0, 3.0), &device));
-            let data = Tensor::<4>::random([4, 5, 6, 7], normal(2.0, 3.0), &device).into_data();
-            let eval = bn.valid();
-            let x = Tensor::<4>::from_data(data.clone(), &Device::flex());
-            let ours = batch_norm_forward(&eval, x.clone());
-            // A tensor nothing else holds is overwritten in place: the same values.
-            let unique = Tensor::<4>::from_data(data.clone(), &Device::flex());
-            assert_eq!(bits(batch_norm_forward(&eval, unique)), bits(ours.clone()));
-            assert_eq!(bits(ours), bits(eval.forward(x)));
-            let frozen = bn.freeze();
-            let x = Tensor::<4>::from_data(data, &device).require_grad();
-            let ours = batch_norm_forward(&frozen, x.clone());
-            let burns = frozen.forward(x.clone());
-            assert_eq!(bits(ours.clone()), bits(burns.clone()));
-            let probe = Tensor::<4>::random([4, 5, 6, 7], normal(0.0, 1.0), &device);
-            let g_ours = (ours * probe.clone()).sum().backward();
-            let g_burn = (burns * probe).sum().backward();
-            assert_eq!(
-                bits(x.grad(&g_ours).unwrap()),
-                bits(x.grad(&g_burn).unwrap())
-            );
-        };
-        cpu::tests::at_every_isa(check);
     }
 
     /// The FC kernel is Burn's `Linear` bit for bit: the output and the gradients of the input,

@@ -21,7 +21,7 @@ fn keep_if(pass: bool, v: f32) -> f32 {
 }
 
 #[inline(always)]
-fn forward_one(act: Activation, x: f32) -> f32 {
+pub(super) fn forward_one(act: Activation, x: f32) -> f32 {
     match act {
         Activation::Identity => x,
         // Exactly Burn's flex ReLU (NaN kept, −0 → 0).
@@ -31,10 +31,11 @@ fn forward_one(act: Activation, x: f32) -> f32 {
     }
 }
 
-/// d activation / dx times `g`, given `x`: the output for ReLU and ReLU6, the input for
-/// hard-swish (whose clamp passes the gradient on its closed interval, as Burn's masks do).
+/// d activation / dx times `g`, given `x`: the input or the output for ReLU and ReLU6 (0 < y
+/// exactly where 0 < x, y < 6 where x < 6, NaN where NaN), the input for hard-swish (whose
+/// clamp passes the gradient on its closed interval, as Burn's masks do).
 #[inline(always)]
-fn backward_one(act: Activation, x: f32, g: f32) -> f32 {
+pub(super) fn backward_one(act: Activation, x: f32, g: f32) -> f32 {
     match act {
         Activation::Identity => g,
         // Exactly Burn's `relu_backward`; `x` may be the input or the output (both are > 0 or

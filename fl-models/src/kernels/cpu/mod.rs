@@ -39,6 +39,31 @@ macro_rules! best_isa {
     };
 }
 
+/// `$body` with `$a` bound to `$act` as a constant, one arm per activation: each arm's loops are
+/// compiled for that activation alone (no per-element match).
+macro_rules! per_activation {
+    ($act:expr, $a:ident => $body:expr) => {
+        match $act {
+            $crate::kernels::Activation::Identity => {
+                const $a: $crate::kernels::Activation = $crate::kernels::Activation::Identity;
+                $body
+            }
+            $crate::kernels::Activation::Relu => {
+                const $a: $crate::kernels::Activation = $crate::kernels::Activation::Relu;
+                $body
+            }
+            $crate::kernels::Activation::Relu6 => {
+                const $a: $crate::kernels::Activation = $crate::kernels::Activation::Relu6;
+                $body
+            }
+            $crate::kernels::Activation::HardSwish => {
+                const $a: $crate::kernels::Activation = $crate::kernels::Activation::HardSwish;
+                $body
+            }
+        }
+    };
+}
+
 mod act;
 mod avg_pool;
 mod columns;

@@ -4,6 +4,14 @@
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
+use super::act::{backward_one, forward_one};
+use crate::kernels::Activation;
+
+/// A channel's `(a, b)` of the normalisation `a·x + b`.
+type Affine = (f32, f32);
+/// A channel's `(k, c1, c0)` of the input gradient `k·dz + c1·x + c0`.
+type GradCoefficients = (f32, f32, f32);
+
 /// Shapes of one batch normalisation over `[batch, channels, plane]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NormGeometry {
@@ -111,15 +119,17 @@ fn plane_sums<const Q: usize, const R: usize>(
     sums
 }
 
-/// Batch normalisation with batch statistics: `y = γ (x − μ) / √(σ² + ε) + β` per channel,
-/// returning `(y, μ, σ²)` with the biased variance (what Burn feeds its running statistics).
+/// Batch normalisation with batch statistics and an activation after it:
+/// `y = act(γ (x − μ) / √(σ² + ε) + β)` per channel, returning `(y, μ, σ²)` with the biased
+/// variance (what Burn feeds its running statistics). The activation is applied as the
+/// normalised value is written (bitwise the two ops, one pass fewer each way).
 /// Channel statistics are summed per plane in `f32` and across planes in `f64`, in a fixed order.
 pub fn batch_norm_train_forward(
     g: &NormGeometry,
     x: &[f32],
-    gamma: &[f32],
-    beta: &[f32],
+    (gamma, beta): (&[f32], &[f32]),
     epsilon: f64,
+    act: Activation,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     // Per plane in f32, across samples in f64 (in sample order): the mean, then the variance.
     let sums = g.per_sample_sums(|n, out| sample_sums(g.plane, g.sample(x, n), out));
@@ -130,13 +140,7 @@ pub fn batch_norm_train_forward(
     let var: Vec<f32> = (0..g.channels)
         .map(|c| (g.channel_total(&squares, c, 0) / g.count()) as f32)
         .collect();
-    // y = a·x + b with a = γ/√(σ²+ε), b = β − μ·a.
-    let affine: Vec<(f32, f32)> = (0..g.channels)
-        .map(|c| {
-            let a = (gamma[c] as f64 / (var[c] as f64 + epsilon).sqrt()) as f32;
-            (a, beta[c] - mean[c] * a)
-        })
-        .collect();
+    let affine = affine_coefficients((gamma, beta), (&mean, &var), epsilon);
     // Written once, not zeroed first (the zeroing pass was 2% of MobileNetV2's step).
     // SAFETY: `x` is whole samples of `channels · plane` floats (empty if `plane` is 0), and
     // `affine_sample` writes every float of each sample's chunk (it asserts the lengths).
@@ -146,37 +150,56 @@ pub fn batch_norm_train_forward(
                 let sample = g.channels * g.plane;
                 y.par_chunks_mut(sample)
                     .zip(x.par_chunks(sample))
-                    .for_each(|(y_s, x_s)| affine_sample(g.plane, &affine, x_s, y_s));
+                    .for_each(|(y_s, x_s)| affine_sample(g.plane, (&affine, act), x_s, y_s));
             }
         })
     };
     (y, mean, var)
 }
 
+/// Each channel's `(a, b)` of the normalisation `a·x + b`: `a = γ/√(σ²+ε)`, `b = β − μ·a` (the
+/// backward pass recomputes the activation's input from them, bit for bit).
+fn affine_coefficients(
+    (gamma, beta): (&[f32], &[f32]),
+    (mean, var): (&[f32], &[f32]),
+    epsilon: f64,
+) -> Vec<Affine> {
+    (0..gamma.len())
+        .map(|c| {
+            let a = (gamma[c] as f64 / (var[c] as f64 + epsilon).sqrt()) as f32;
+            (a, beta[c] - mean[c] * a)
+        })
+        .collect()
+}
+
 /// Gradients of [`batch_norm_train_forward`] with respect to `x`, `γ` and `β`, given the
-/// statistics it returned: with x̂ = (x − μ)/√(σ²+ε) and M elements per channel,
-/// `dβ = Σ dy`, `dγ = Σ dy·x̂`, `dx = γ/√(σ²+ε) · (dy − dβ/M − x̂·dγ/M)`. `grad` holds dy and
-/// is overwritten with dx (no new buffer); returns `(dγ, dβ)`.
+/// statistics it returned: with dz the activation's gradient (recomputed from `x`), x̂ =
+/// (x − μ)/√(σ²+ε) and M elements per channel, `dβ = Σ dz`, `dγ = Σ dz·x̂`,
+/// `dx = γ/√(σ²+ε) · (dz − dβ/M − x̂·dγ/M)`. `grad` holds dy and is overwritten with dx (no
+/// new buffer); returns `(dγ, dβ)`.
 pub fn batch_norm_train_backward(
     g: &NormGeometry,
     x: &[f32],
-    (gamma, mean, var): (&[f32], &[f32], &[f32]),
+    (gamma, beta, mean, var): (&[f32], &[f32], &[f32], &[f32]),
     epsilon: f64,
+    act: Activation,
     grad: &mut [f32],
 ) -> (Vec<f32>, Vec<f32>) {
     assert_eq!(x.len(), grad.len(), "batch norm backward: gradient length");
     let dy = &*grad;
+    let affine = affine_coefficients((gamma, beta), (mean, var), epsilon);
     let inv_std: Vec<f64> = var
         .iter()
         .map(|&v| 1.0 / (v as f64 + epsilon).sqrt())
         .collect();
-    // Per channel: Σ dy and Σ dy·(x − μ), in one pass.
+    // Per channel: Σ dz and Σ dz·(x − μ), in one pass.
     let plane_sums = g.per_sample_sums(|n, out| {
-        sample_grad_sums(g.plane, (g.sample(dy, n), g.sample(x, n)), mean, out)
+        let operands = (g.sample(dy, n), g.sample(x, n));
+        sample_grad_sums(g.plane, operands, (mean, &affine, act), out)
     });
     let mut d_gamma = vec![0.0f32; g.channels];
     let mut d_beta = vec![0.0f32; g.channels];
-    // dx = k·dy + c1·x + c0 per channel.
+    // dx = k·dz + c1·x + c0 per channel.
     let mut coefficients = Vec::with_capacity(g.channels);
     for c in 0..g.channels {
         let sum_dy = g.channel_total(&plane_sums, c, 0);
@@ -194,7 +217,9 @@ pub fn batch_norm_train_backward(
         let sample = g.channels * g.plane;
         grad.par_chunks_mut(sample)
             .zip(x.par_chunks(sample))
-            .for_each(|(d_s, x_s)| backward_sample(g.plane, &coefficients, x_s, d_s));
+            .for_each(|(d_s, x_s)| {
+                backward_sample(g.plane, (&coefficients, &affine, act), x_s, d_s)
+            });
     }
     (d_gamma, d_beta)
 }
@@ -219,60 +244,73 @@ fn sample_squares_generic(plane: usize, x: &[f32], mean: &[f32], out: &mut [[f32
     }
 }
 
-/// Each channel's `Σ dy` and `Σ dy·(x − μ)` over one sample.
+/// Each channel's `Σ dz` and `Σ dz·(x − μ)` over one sample, dz the gradient through `act`
+/// at its input `a·x + b`.
 #[inline(always)]
 fn sample_grad_sums_generic(
     plane: usize,
     (dy, x): (&[f32], &[f32]),
-    mean: &[f32],
+    (mean, affine, act): (&[f32], &[Affine], Activation),
     out: &mut [[f32; 2]],
 ) {
     let planes = dy
         .chunks_exact(plane.max(1))
         .zip(x.chunks_exact(plane.max(1)));
-    for ((o, (d_p, x_p)), &m) in out.iter_mut().zip(planes).zip(mean) {
-        *o = plane_sums([d_p, x_p], |r, [d, v]| if r == 0 { d } else { d * (v - m) });
-    }
+    per_activation!(act, ACT => {
+        for (((o, (d_p, x_p)), &m), &(a, b)) in out.iter_mut().zip(planes).zip(mean).zip(affine) {
+            *o = plane_sums([d_p, x_p], |r, [d, v]| {
+                let dz = backward_one(ACT, a * v + b, d);
+                if r == 0 { dz } else { dz * (v - m) }
+            });
+        }
+    })
 }
 
-/// `y = a·x + b` over one sample's `[channels, plane]`, `(a, b)` per channel.
+/// `y = act(a·x + b)` over one sample's `[channels, plane]`, `(a, b)` per channel.
 #[inline(always)]
 fn affine_sample_generic(
     plane: usize,
-    affine: &[(f32, f32)],
+    (affine, act): (&[Affine], Activation),
     x: &[f32],
     y: &mut [MaybeUninit<f32>],
 ) {
     // Every float of `y` is written (the caller's buffer is not initialised otherwise).
     assert!(y.len() == x.len() && x.len() == affine.len() * plane);
-    for ((y_p, x_p), &(a, b)) in y
-        .chunks_exact_mut(plane)
-        .zip(x.chunks_exact(plane))
-        .zip(affine)
-    {
-        for (o, v) in y_p.iter_mut().zip(x_p) {
-            o.write(a * v + b);
+    per_activation!(act, ACT => {
+        for ((y_p, x_p), &(a, b)) in y
+            .chunks_exact_mut(plane)
+            .zip(x.chunks_exact(plane))
+            .zip(affine)
+        {
+            for (o, v) in y_p.iter_mut().zip(x_p) {
+                o.write(forward_one(ACT, a * v + b));
+            }
         }
-    }
+    })
 }
 
-/// `dx = k·dy + c1·x + c0` over one sample, in place over `dy`.
+/// `dx = k·dz + c1·x + c0` over one sample, in place over `dy` (dz as in
+/// [`sample_grad_sums_generic`]).
 #[inline(always)]
 fn backward_sample_generic(
     plane: usize,
-    coefficients: &[(f32, f32, f32)],
+    (coefficients, affine, act): (&[GradCoefficients], &[Affine], Activation),
     x: &[f32],
     d: &mut [f32],
 ) {
-    for ((d_p, x_p), &(k, c1, c0)) in d
-        .chunks_exact_mut(plane)
-        .zip(x.chunks_exact(plane))
-        .zip(coefficients)
-    {
-        for (d, v) in d_p.iter_mut().zip(x_p) {
-            *d = k * *d + c1 * v + c0;
+    assert!(d.len() == x.len() && x.len() == affine.len() * plane);
+    per_activation!(act, ACT => {
+        for (((d_p, x_p), &(k, c1, c0)), &(a, b)) in d
+            .chunks_exact_mut(plane)
+            .zip(x.chunks_exact(plane))
+            .zip(coefficients)
+            .zip(affine)
+        {
+            for (d, v) in d_p.iter_mut().zip(x_p) {
+                *d = k * backward_one(ACT, a * v + b, *d) + c1 * v + c0;
+            }
         }
-    }
+    })
 }
 
 best_isa! {
@@ -284,15 +322,30 @@ best_isa! {
 }
 
 best_isa! {
-    fn sample_grad_sums => sample_grad_sums_generic(plane: usize, operands: (&[f32], &[f32]), mean: &[f32], out: &mut [[f32; 2]])
+    fn sample_grad_sums => sample_grad_sums_generic(
+        plane: usize,
+        operands: (&[f32], &[f32]),
+        params: (&[f32], &[Affine], Activation),
+        out: &mut [[f32; 2]]
+    )
 }
 
 best_isa! {
-    fn affine_sample => affine_sample_generic(plane: usize, affine: &[(f32, f32)], x: &[f32], y: &mut [MaybeUninit<f32>])
+    fn affine_sample => affine_sample_generic(
+        plane: usize,
+        params: (&[Affine], Activation),
+        x: &[f32],
+        y: &mut [MaybeUninit<f32>]
+    )
 }
 
 best_isa! {
-    fn backward_sample => backward_sample_generic(plane: usize, coefficients: &[(f32, f32, f32)], x: &[f32], d: &mut [f32])
+    fn backward_sample => backward_sample_generic(
+        plane: usize,
+        params: (&[GradCoefficients], &[Affine], Activation),
+        x: &[f32],
+        d: &mut [f32]
+    )
 }
 
 /// `((x − mean) / std) · γ + β` over one sample's `[channels, plane]`, in place, each value
@@ -493,11 +546,14 @@ mod tests {
                 let squares = totals(
                     &g.per_sample_sums(|n, o| sample_squares(plane, g.sample(&x, n), &mean, o)),
                 );
+                let affine = [(1.0, 0.0); 3];
                 let grads = g.per_sample_sums(|n, o| {
-                    sample_grad_sums(plane, (g.sample(&dy, n), g.sample(&x, n)), &mean, o)
+                    let operands = (g.sample(&dy, n), g.sample(&x, n));
+                    sample_grad_sums(plane, operands, (&mean, &affine, Activation::Identity), o)
                 });
                 let ones = [1.0; 3];
-                let (_, bn_mean, bn_var) = batch_norm_train_forward(&g, &x, &ones, &ones, 1e-5);
+                let (_, bn_mean, bn_var) =
+                    batch_norm_train_forward(&g, &x, (&ones, &ones), 1e-5, Activation::Identity);
                 for c in 0..3 {
                     let what = format!("{isa:?} batch {batch} plane {plane} channel {c}");
                     let (s, sq) = stats_plane_by_plane(&g, &x, c, mean[c]);

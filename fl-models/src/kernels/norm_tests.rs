@@ -1,0 +1,165 @@
+//! Batch normalisation against Burn's `BatchNorm` (training and inference), and the fused
+//! normalisation + activation against the two ops.
+
+use super::*;
+use burn::module::{Module, Param};
+use burn::nn::BatchNormConfig;
+use burn::tensor::{Device, Distribution, Tensor};
+
+fn close(a: Tensor<4>, b: Tensor<4>) {
+    let (a, b) = (
+        a.into_data().try_to_vec::<f32>().unwrap(),
+        b.into_data().try_to_vec::<f32>().unwrap(),
+    );
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
+    }
+}
+
+fn bits<const D: usize>(t: Tensor<D>) -> Vec<u32> {
+    let v = t.into_data().try_to_vec::<f32>().unwrap();
+    v.into_iter().map(f32::to_bits).collect()
+}
+
+/// Training-mode batch norm: output, all three gradients and the running statistics agree
+/// with Burn's BatchNorm.
+#[test]
+fn batch_norm_and_its_gradients_match_burn() {
+    let device = Device::flex().autodiff();
+    // Two separate modules (a clone could share the running state) with the same random γ, β.
+    let gamma = Tensor::<1>::random([5], Distribution::Normal(1.0, 0.5), &device);
+    let beta = Tensor::<1>::random([5], Distribution::Normal(0.0, 0.5), &device);
+    let make = || {
+        let mut bn = BatchNormConfig::new(5).init(&device);
+        bn.gamma = burn::module::Param::from_tensor(gamma.clone());
+        bn.beta = burn::module::Param::from_tensor(beta.clone());
+        bn
+    };
+    let (ours_bn, burn_bn) = (make(), make());
+    let x =
+        Tensor::<4>::random([4, 5, 6, 7], Distribution::Normal(2.0, 3.0), &device).require_grad();
+    let ours = batch_norm_forward(&ours_bn, x.clone());
+    let burns = burn_bn.forward(x.clone());
+    close(ours.clone(), burns.clone());
+    let probe = Tensor::<4>::random(burns.dims(), Distribution::Normal(0.0, 1.0), &device);
+    let g_ours = (ours * probe.clone()).sum().backward();
+    let g_burn = (burns * probe).sum().backward();
+    close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
+    let vec4 = |t: Tensor<1>| t.reshape([1, 1, 1, -1]);
+    for (a, b) in [
+        (&ours_bn.gamma, &burn_bn.gamma),
+        (&ours_bn.beta, &burn_bn.beta),
+    ] {
+        close(
+            vec4(a.grad(&g_ours).unwrap()),
+            vec4(b.grad(&g_burn).unwrap()),
+        );
+    }
+    close(
+        vec4(ours_bn.running_mean.value()),
+        vec4(burn_bn.running_mean.value()),
+    );
+    close(
+        vec4(ours_bn.running_var.value()),
+        vec4(burn_bn.running_var.value()),
+    );
+}
+
+/// Inference batch norm (evaluation, and frozen layers on the training device with the
+/// gradient flowing through to the input) is Burn's bit for bit, on every instruction tier.
+#[test]
+fn inference_batch_norm_is_burns_bit_for_bit() {
+    let check = |_| {
+        let device = Device::flex().autodiff();
+        let normal = |m, s| Distribution::Normal(m, s);
+        let mut bn = BatchNormConfig::new(5).init(&device);
+        bn.gamma = Param::from_tensor(Tensor::random([5], normal(1.0, 0.5), &device));
+        bn.beta = Param::from_tensor(Tensor::random([5], normal(0.0, 0.5), &device));
+        // Running statistics away from 0 and 1: one training step on Burn's ops.
+        let _ = bn.forward(Tensor::<4>::random([8, 5, 6, 7], normal(2.0, 3.0), &device));
+        let data = Tensor::<4>::random([4, 5, 6, 7], normal(2.0, 3.0), &device).into_data();
+        let eval = bn.valid();
+        let x = Tensor::<4>::from_data(data.clone(), &Device::flex());
+        let ours = batch_norm_forward(&eval, x.clone());
+        // A tensor nothing else holds is overwritten in place: the same values.
+        let unique = Tensor::<4>::from_data(data.clone(), &Device::flex());
+        assert_eq!(bits(batch_norm_forward(&eval, unique)), bits(ours.clone()));
+        assert_eq!(bits(ours), bits(eval.forward(x)));
+        let frozen = bn.freeze();
+        let x = Tensor::<4>::from_data(data, &device).require_grad();
+        let ours = batch_norm_forward(&frozen, x.clone());
+        let burns = frozen.forward(x.clone());
+        assert_eq!(bits(ours.clone()), bits(burns.clone()));
+        let probe = Tensor::<4>::random([4, 5, 6, 7], normal(0.0, 1.0), &device);
+        let g_ours = (ours * probe.clone()).sum().backward();
+        let g_burn = (burns * probe).sum().backward();
+        assert_eq!(
+            bits(x.grad(&g_ours).unwrap()),
+            bits(x.grad(&g_burn).unwrap())
+        );
+    };
+    cpu::tests::at_every_isa(check);
+}
+
+/// Training-mode batch norm fused with each activation is the two ops bit for bit (the
+/// normalisation, then the activation's own kernel): output, the gradients of `x`, γ and β,
+/// and the running statistics, on every instruction tier. γ spreads the normalised values over
+/// ReLU6's and hard-swish's boundaries; one channel is constant (its normalised values are β),
+/// and part of the output gradient is −0.
+#[test]
+fn batch_norm_fused_with_each_activation_is_the_two_ops_bit_for_bit() {
+    let check = |_| {
+        let device = Device::flex().autodiff();
+        let normal = |m, s| Distribution::Normal(m, s);
+        let gamma = Tensor::<1>::from_floats([4.0, -3.0, 0.5, 2.0, 1.0], &device);
+        let beta = Tensor::<1>::from_floats([0.5, 3.0, -0.25, 0.0, 6.0], &device);
+        let make = || {
+            let mut bn = BatchNormConfig::new(5).init(&device);
+            bn.gamma = Param::from_tensor(gamma.clone());
+            bn.beta = Param::from_tensor(beta.clone());
+            bn
+        };
+        let mut x = Tensor::<4>::random([3, 5, 6, 7], normal(2.0, 3.0), &device).into_data();
+        let values = x.as_mut_slice::<f32>().unwrap();
+        values[4 * 42..5 * 42].fill(1.5);
+        let x = Tensor::<4>::from_data(x, &device);
+        let mut probe = Tensor::<4>::random([3, 5, 6, 7], normal(0.0, 1.0), &device).into_data();
+        probe.as_mut_slice::<f32>().unwrap()[..40].fill(-0.0);
+        let probe = Tensor::<4>::from_data(probe, &device);
+        for act in [
+            Activation::Relu,
+            Activation::Relu6,
+            Activation::HardSwish,
+            Activation::Identity,
+        ] {
+            let (fused_bn, apart_bn) = (make(), make());
+            let (x_fused, x_apart) = (x.clone().require_grad(), x.clone().require_grad());
+            let fused = batch_norm_act(&fused_bn, x_fused.clone(), act);
+            let apart = act.apply(batch_norm_forward(&apart_bn, x_apart.clone()));
+            assert_eq!(bits(fused.clone()), bits(apart.clone()), "{act:?}");
+            let g_fused = (fused * probe.clone()).sum().backward();
+            let g_apart = (apart * probe.clone()).sum().backward();
+            let grad = |t: &Tensor<4>, g| bits(t.grad(g).unwrap());
+            assert_eq!(
+                grad(&x_fused, &g_fused),
+                grad(&x_apart, &g_apart),
+                "{act:?}"
+            );
+            for (f, a) in [
+                (&fused_bn.gamma, &apart_bn.gamma),
+                (&fused_bn.beta, &apart_bn.beta),
+            ] {
+                let (f, a) = (f.grad(&g_fused).unwrap(), a.grad(&g_apart).unwrap());
+                assert_eq!(bits(f), bits(a), "{act:?}");
+            }
+            for (f, a) in [
+                (&fused_bn.running_mean, &apart_bn.running_mean),
+                (&fused_bn.running_var, &apart_bn.running_var),
+            ] {
+                assert_eq!(bits(f.value()), bits(a.value()), "{act:?}");
+            }
+        }
+    };
+    cpu::tests::at_every_isa(check);
+}
