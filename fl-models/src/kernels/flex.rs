@@ -15,6 +15,7 @@ use burn_flex::FlexTensor;
 
 use super::Activation;
 use super::cpu::{self, Conv2dGeometry, NormGeometry, PoolGeometry};
+use super::flex_mobile::MobileKernelOps;
 
 /// Convolution and max-pooling kernels for CPU backends, with hand-written backward passes.
 #[backend_extension(Flex, Autodiff)]
@@ -78,13 +79,15 @@ pub trait CpuKernelOps: Backend {
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
     /// Batch normalisation of a `[batch, channels, h, w]` tensor with given statistics
-    /// (inference, frozen layers): `((x − mean) / std) · γ + β`, `std = sqrt(var + ε)`.
+    /// (inference, frozen layers), then `act`: `act(((x − mean) / std) · γ + β)`,
+    /// `std = sqrt(var + ε)`.
     fn fl_batch_norm_inference(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         std: FloatTensor<Self>,
+        act: Activation,
     ) -> FloatTensor<Self>;
     /// Gradient of [`fl_batch_norm_inference`](CpuKernelOps::fl_batch_norm_inference) with
     /// respect to `x` (γ, β and the statistics are constants there).
@@ -239,10 +242,9 @@ pub(super) fn batch_norm_train(
 /// only: the caller checks that γ and β take none.
 pub(super) fn batch_norm_inference(
     x: Tensor<4>,
-    gamma: Tensor<1>,
-    beta: Tensor<1>,
-    mean: Tensor<1>,
-    std: Tensor<1>,
+    (gamma, beta): (Tensor<1>, Tensor<1>),
+    (mean, std): (Tensor<1>, Tensor<1>),
+    act: Activation,
 ) -> Tensor<4> {
     Tensor::from_dispatch(<Dispatch as CpuKernelOps>::fl_batch_norm_inference(
         x.into_dispatch(),
@@ -250,6 +252,7 @@ pub(super) fn batch_norm_inference(
         beta.into_dispatch(),
         mean.into_dispatch(),
         std.into_dispatch(),
+        act,
     ))
 }
 
@@ -430,17 +433,18 @@ impl CpuKernelOps for Flex {
         beta: FlexTensor,
         mean: FlexTensor,
         std: FlexTensor,
+        act: Activation,
     ) -> FlexTensor {
         let g = norm_geometry(&x);
         let mut x = contiguous(x);
         let [gamma, beta, mean, std] = [gamma, beta, mean, std].map(contiguous);
         let params = (slice(&gamma), slice(&beta), slice(&mean), slice(&std));
         if let Some(values) = values_mut(&mut x) {
-            cpu::batch_norm_inference(&g, values, params);
+            cpu::batch_norm_inference(&g, values, params, act);
             return x;
         }
         // Shared (a residual branch's input): one pass into a new buffer, not a copy and a pass.
-        let y = cpu::batch_norm_inference_into(&g, slice(&x), params);
+        let y = cpu::batch_norm_inference_into(&g, slice(&x), params, act);
         FlexTensor::from_data(TensorData::new(y, x.shape()))
     }
 
@@ -575,7 +579,9 @@ impl<B: Backend + CpuKernelOps> Backward<B, 1> for BatchNormInferenceBackward {
 
 /// Autodiff: the forward pass runs on the inner backend and records a node whose backward pass
 /// calls the gradient kernels. The gradient kernels themselves are not differentiable again.
-impl<B: Backend + CpuKernelOps, C: CheckpointStrategy> CpuKernelOps for Autodiff<B, C> {
+impl<B: Backend + CpuKernelOps + MobileKernelOps, C: CheckpointStrategy> CpuKernelOps
+    for Autodiff<B, C>
+{
     fn fl_conv2d(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -742,22 +748,38 @@ impl<B: Backend + CpuKernelOps, C: CheckpointStrategy> CpuKernelOps for Autodiff
         beta: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         std: FloatTensor<Self>,
+        act: Activation,
     ) -> FloatTensor<Self> {
         let prep = BatchNormInferenceBackward
             .prepare::<C>([x.node()])
             .compute_bound()
             .stateful();
         let (gamma, std) = (gamma.into_primitive(), std.into_primitive());
-        let y = B::fl_batch_norm_inference(
+        let (x, beta, mean) = (
             x.into_primitive(),
-            gamma.clone(),
             beta.into_primitive(),
             mean.into_primitive(),
-            std.clone(),
         );
         match prep {
-            OpsKind::Tracked(prep) => prep.finish((gamma, std), y),
-            OpsKind::UnTracked(prep) => prep.finish(y),
+            OpsKind::Tracked(prep) => {
+                // A gradient to pass back (frozen layers): the activation as its own node.
+                let y = B::fl_batch_norm_inference(
+                    x,
+                    gamma.clone(),
+                    beta,
+                    mean,
+                    std.clone(),
+                    Activation::Identity,
+                );
+                let y = prep.finish((gamma, std), y);
+                match act {
+                    Activation::Identity => y,
+                    act => <Self as MobileKernelOps>::fl_activation(y, act),
+                }
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::fl_batch_norm_inference(x, gamma, beta, mean, std, act))
+            }
         }
     }
 

@@ -181,6 +181,8 @@ pub fn batch_norm_forward(norm: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
 /// training pass's own passes (one pass over the maps fewer each way) where the kernels apply.
 pub fn batch_norm_act(norm: &BatchNorm, x: Tensor<4>, act: Activation) -> Tensor<4> {
     #[cfg(feature = "flex")]
+    use Activation::Identity;
+    #[cfg(feature = "flex")]
     if kernel_enabled(Kernel::BatchNorm) && flex::handles_batch_norm(&x, &norm.gamma.val()) {
         let device = x.device();
         // Burn's own choice between the two passes.
@@ -189,7 +191,7 @@ pub fn batch_norm_act(norm: &BatchNorm, x: Tensor<4>, act: Activation) -> Tensor
             let fused = if kernel_enabled(Kernel::Activation) {
                 act
             } else {
-                Activation::Identity
+                Identity
             };
             let (y, mean, var) =
                 flex::batch_norm_train(x, norm.gamma.val(), norm.beta.val(), norm.epsilon, fused);
@@ -212,7 +214,11 @@ pub fn batch_norm_act(norm: &BatchNorm, x: Tensor<4>, act: Activation) -> Tensor
             let var = norm.running_var.value().to_device(&device);
             // As Burn's `batch_norm` computes it: the same value, bit for bit.
             let std = var.add_scalar(norm.epsilon).sqrt();
-            return act.apply(flex::batch_norm_inference(x, gamma, beta, mean, std));
+            let (params, stats) = ((gamma, beta), (mean, std));
+            return match kernel_enabled(Kernel::Activation) && flex_mobile::handles(&x) {
+                true => flex::batch_norm_inference(x, params, stats, act),
+                false => act.apply(flex::batch_norm_inference(x, params, stats, Identity)),
+            };
         }
     }
     act.apply(norm.forward(x))

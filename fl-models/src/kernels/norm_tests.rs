@@ -163,3 +163,41 @@ fn batch_norm_fused_with_each_activation_is_the_two_ops_bit_for_bit() {
     };
     cpu::tests::at_every_isa(check);
 }
+
+/// Inference batch norm fused with each activation is the two ops bit for bit: in evaluation
+/// (in place, and into a new buffer when the input is shared) and in a frozen layer that passes
+/// the gradient on to its input, on every instruction tier.
+#[test]
+fn inference_batch_norm_fused_with_each_activation_is_the_two_ops_bit_for_bit() {
+    let check = |_| {
+        let device = Device::flex().autodiff();
+        let normal = |m, s| Distribution::Normal(m, s);
+        let mut bn = BatchNormConfig::new(5).init(&device);
+        bn.gamma = Param::from_tensor(Tensor::from_floats([4.0, -3.0, 0.5, 2.0, 1.0], &device));
+        bn.beta = Param::from_tensor(Tensor::from_floats([0.5, 3.0, -0.25, 0.0, 6.0], &device));
+        let _ = bn.forward(Tensor::<4>::random([8, 5, 6, 7], normal(2.0, 3.0), &device));
+        let data = Tensor::<4>::random([3, 5, 6, 7], normal(2.0, 3.0), &device).into_data();
+        let probe = Tensor::<4>::random([3, 5, 6, 7], normal(0.0, 1.0), &device);
+        let (eval, frozen) = (bn.valid(), bn.clone().freeze());
+        for act in [Activation::Relu, Activation::Relu6, Activation::HardSwish] {
+            let x = Tensor::<4>::from_data(data.clone(), &Device::flex());
+            let apart = bits(act.apply(batch_norm_forward(&eval, x.clone())));
+            let shared = bits(batch_norm_act(&eval, x.clone(), act));
+            assert_eq!(shared, apart, "{act:?}, shared input");
+            assert_eq!(
+                bits(batch_norm_act(&eval, x, act)),
+                apart,
+                "{act:?}, in place"
+            );
+            let x = Tensor::<4>::from_data(data.clone(), &device).require_grad();
+            let fused = batch_norm_act(&frozen, x.clone(), act);
+            let apart = act.apply(batch_norm_forward(&frozen, x.clone()));
+            assert_eq!(bits(fused.clone()), bits(apart.clone()), "{act:?}, frozen");
+            let g_fused = (fused * probe.clone()).sum().backward();
+            let g_apart = (apart * probe.clone()).sum().backward();
+            let (f, a) = (x.grad(&g_fused).unwrap(), x.grad(&g_apart).unwrap());
+            assert_eq!(bits(f), bits(a), "{act:?}, frozen input gradient");
+        }
+    };
+    cpu::tests::at_every_isa(check);
+}

@@ -351,16 +351,22 @@ best_isa! {
 /// `((x − mean) / std) · γ + β` over one sample's `[channels, plane]`, in place, each value
 /// computed with exactly the operations of Burn's `batch_norm` (so the results are bitwise
 /// Burn's).
+/// The activation `act` is applied to each value as it is written.
 #[inline(always)]
-fn inference_generic(plane: usize, x: &mut [f32], params: (&[f32], &[f32], &[f32], &[f32])) {
+fn inference_generic(plane: usize, x: &mut [f32], (params, act): (Params<'_>, Activation)) {
     let (gamma, beta, mean, std) = params;
-    for (c, x) in x.chunks_mut(plane).enumerate() {
-        let (m, s, g, b) = (mean[c], std[c], gamma[c], beta[c]);
-        for x in x.iter_mut() {
-            *x = normalized(*x, m, s, g, b);
+    per_activation!(act, ACT => {
+        for (c, x) in x.chunks_mut(plane).enumerate() {
+            let (m, s, g, b) = (mean[c], std[c], gamma[c], beta[c]);
+            for x in x.iter_mut() {
+                *x = forward_one(ACT, normalized(*x, m, s, g, b));
+            }
         }
-    }
+    })
 }
+
+/// γ, β, the means and the standard deviations of the inference pass, per channel.
+type Params<'a> = (&'a [f32], &'a [f32], &'a [f32], &'a [f32]);
 
 /// [`inference_generic`] from `x` into `y` (written whole).
 #[inline(always)]
@@ -368,16 +374,18 @@ fn inference_into_generic(
     plane: usize,
     x: &[f32],
     y: &mut [MaybeUninit<f32>],
-    params: (&[f32], &[f32], &[f32], &[f32]),
+    (params, act): (Params<'_>, Activation),
 ) {
     assert_eq!(x.len(), y.len(), "batch norm: output length");
     let (gamma, beta, mean, std) = params;
-    for (c, (y, x)) in y.chunks_mut(plane).zip(x.chunks(plane)).enumerate() {
-        let (m, s, g, b) = (mean[c], std[c], gamma[c], beta[c]);
-        for (y, &x) in y.iter_mut().zip(x) {
-            y.write(normalized(x, m, s, g, b));
+    per_activation!(act, ACT => {
+        for (c, (y, x)) in y.chunks_mut(plane).zip(x.chunks(plane)).enumerate() {
+            let (m, s, g, b) = (mean[c], std[c], gamma[c], beta[c]);
+            for (y, &x) in y.iter_mut().zip(x) {
+                y.write(forward_one(ACT, normalized(x, m, s, g, b)));
+            }
         }
-    }
+    })
 }
 
 /// One value of the inference pass, as Burn's `batch_norm` composes it.
@@ -402,7 +410,7 @@ best_isa! {
     fn inference_sample => inference_generic(
         plane: usize,
         x: &mut [f32],
-        params: (&[f32], &[f32], &[f32], &[f32])
+        params: (Params<'_>, Activation)
     )
 }
 
@@ -411,7 +419,7 @@ best_isa! {
         plane: usize,
         x: &[f32],
         y: &mut [MaybeUninit<f32>],
-        params: (&[f32], &[f32], &[f32], &[f32])
+        params: (Params<'_>, Activation)
     )
 }
 
@@ -424,17 +432,13 @@ best_isa! {
     )
 }
 
-/// Batch normalisation with given statistics (inference, frozen layers), overwriting `x`:
-/// `std` is `sqrt(var + ε)` as the caller computed it. One pass, samples in parallel, where
-/// Burn's composition makes four passes on one thread.
-pub fn batch_norm_inference(
-    g: &NormGeometry,
-    x: &mut [f32],
-    (gamma, beta, mean, std): (&[f32], &[f32], &[f32], &[f32]),
-) {
+/// Batch normalisation with given statistics (inference, frozen layers), then `act`,
+/// overwriting `x`: `std` is `sqrt(var + ε)` as the caller computed it. One pass, samples in
+/// parallel, where Burn's composition makes four passes on one thread.
+pub fn batch_norm_inference(g: &NormGeometry, x: &mut [f32], params: Params<'_>, act: Activation) {
     let sample = (g.channels * g.plane).max(1);
     x.par_chunks_mut(sample)
-        .for_each(|x| inference_sample(g.plane, x, (gamma, beta, mean, std)));
+        .for_each(|x| inference_sample(g.plane, x, (params, act)));
 }
 
 /// [`batch_norm_inference`] of `x` into a new buffer (one pass: for an input something else
@@ -442,7 +446,8 @@ pub fn batch_norm_inference(
 pub fn batch_norm_inference_into(
     g: &NormGeometry,
     x: &[f32],
-    (gamma, beta, mean, std): (&[f32], &[f32], &[f32], &[f32]),
+    params: Params<'_>,
+    act: Activation,
 ) -> Vec<f32> {
     let sample = (g.channels * g.plane).max(1);
     // SAFETY: the chunks cover the buffer, and each sample's is written whole.
@@ -450,7 +455,7 @@ pub fn batch_norm_inference_into(
         super::written_whole(x.len(), |y| {
             y.par_chunks_mut(sample)
                 .zip(x.par_chunks(sample))
-                .for_each(|(y, x)| inference_into_sample(g.plane, x, y, (gamma, beta, mean, std)))
+                .for_each(|(y, x)| inference_into_sample(g.plane, x, y, (params, act)))
         })
     }
 }
