@@ -14,6 +14,7 @@
 //! `[d_out][samples]` (a small copy). Results are gemm's bit for bit (a test compares them).
 
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 use super::gemm_depth_block;
 use crate::kernels::isa::{Isa, uses};
@@ -61,28 +62,37 @@ pub(crate) fn input_grad(
     }
     // gemm sees this product swapped (its output is written column-major): n × m over k.
     let kc = gemm_depth_block(n, m, k);
-    // `[n][lanes]`: each task a run of weight rows.
-    let mut out_t = vec![0.0f32; n * lanes];
-    out_t
-        .par_chunks_mut(ROWS * 8 * lanes)
-        .enumerate()
-        .for_each(|(task, out)| {
-            let first = task * ROWS * 8;
-            for (tile, out) in out.chunks_mut(ROWS * lanes).enumerate() {
-                let i0 = first + tile * ROWS;
-                let rows = out.len() / lanes;
-                let w = &w[i0 * w_rs..];
-                #[cfg(target_arch = "x86_64")]
-                tile_rows((w, w_rs, &dy_t[..], kc, k), [rows, vectors], out);
-            }
-        });
-    let mut dx = vec![0.0f32; m * n];
-    dx.par_chunks_mut(n).enumerate().for_each(|(b, row)| {
-        for (i, v) in row.iter_mut().enumerate() {
-            *v = out_t[i * lanes + b];
-        }
-    });
-    dx
+    // `[n][lanes]`: each task a run of weight rows. Neither it nor `dx` is zeroed first (a
+    // serial pass over each that, on two threads, left one idle for a third of this product).
+    // SAFETY: the tiles cover every row and lane of each task's chunk, and store each before
+    // they read it (their first depth block is stored, the others added on).
+    let out_t = unsafe {
+        super::written_whole(n * lanes, |out_t| {
+            out_t
+                .par_chunks_mut(ROWS * 8 * lanes)
+                .enumerate()
+                .for_each(|(task, out)| {
+                    let first = task * ROWS * 8;
+                    for (tile, out) in out.chunks_mut(ROWS * lanes).enumerate() {
+                        let i0 = first + tile * ROWS;
+                        let rows = out.len() / lanes;
+                        let w = &w[i0 * w_rs..];
+                        #[cfg(target_arch = "x86_64")]
+                        tile_rows((w, w_rs, &dy_t[..], kc, k), [rows, vectors], out);
+                    }
+                })
+        })
+    };
+    // SAFETY: each row of `dx` is written whole.
+    unsafe {
+        super::written_whole(m * n, |dx| {
+            dx.par_chunks_mut(n).enumerate().for_each(|(b, row)| {
+                for (i, v) in row.iter_mut().enumerate() {
+                    v.write(out_t[i * lanes + b]);
+                }
+            })
+        })
+    }
 }
 
 /// `out[r][lanes] = Σ_o w[r, o] · dy_t[v][o][16]` for one tile of `rows ≤ ROWS` weight rows
@@ -96,7 +106,7 @@ pub(crate) fn input_grad(
 fn tile_rows(
     (w, w_rs, dy_t, kc, k): (&[f32], usize, &[f32], usize, usize),
     [rows, vectors]: [usize; 2],
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     let lanes = 16 * vectors;
     let args = |r: usize, v: usize| (&w[r * w_rs..], w_rs, &dy_t[16 * k * v..], kc, k, lanes);
@@ -146,26 +156,29 @@ fn tile_rows(
 mod tiles {
     use crate::kernels::lanes16::{Lanes16, tier_entries};
 
+    use std::mem::MaybeUninit;
+
     tier_entries!(tile_avx512, tile_avx2 =>
         tile<const V, const R>(args: (&[f32], usize, &[f32], usize, usize, usize),
-            out: &mut [f32]));
+            out: &mut [MaybeUninit<f32>]));
 
     /// `out[r·lanes + 16v + l] = Σ_o w[r, o] · dy_t[(v·k + o)·16 + l]` for `R` weight rows and
     /// `V` vectors of samples (of `lanes` per depth): per depth block of `kc` a chain of
-    /// multiply-adds from +0, added onto the output block by block (the first block stored).
+    /// multiply-adds from +0, added onto the output block by block (the first block stored, so
+    /// `out` need not be initialised: each output it reads it has stored).
     ///
     /// # Safety
     /// `L`'s tier (the lengths are checked).
     #[inline(always)]
     unsafe fn tile<L: Lanes16, const V: usize, const R: usize>(
         (w, w_rs, dy_t, kc, k, lanes): (&[f32], usize, &[f32], usize, usize, usize),
-        out: &mut [f32],
+        out: &mut [MaybeUninit<f32>],
     ) {
         assert!(w.len() >= (R - 1) * w_rs + k && dy_t.len() >= 16 * k * V);
         assert!(out.len() >= (R - 1) * lanes + 16 * V && kc > 0 && 16 * V <= lanes);
         // SAFETY: the asserts bound every access.
         unsafe {
-            let (w, d, o) = (w.as_ptr(), dy_t.as_ptr(), out.as_mut_ptr());
+            let (w, d, o) = (w.as_ptr(), dy_t.as_ptr(), out.as_mut_ptr().cast::<f32>());
             for k0 in (0..k).step_by(kc) {
                 let mut acc = [[L::zero(); V]; R];
                 for depth in k0..(k0 + kc).min(k) {
