@@ -277,13 +277,20 @@ impl BlockForward for StackedCnn {
     fn forward_block(&self, index: usize, x: Features) -> Features {
         if let Some(layer) = self.convs.get(index) {
             let mut x = self.scale(conv2d_forward(&layer.conv, x.into_map()));
-            x = match &layer.bn {
-                Some(bn) => batch_norm_act(bn, x, Activation::Relu),
-                None => relu(x),
+            x = match (&layer.bn, layer.pool) {
+                (Some(bn), pool) => {
+                    let x = batch_norm_act(bn, x, Activation::Relu);
+                    if pool {
+                        max_pool2d_forward(&self.pool, x)
+                    } else {
+                        x
+                    }
+                }
+                // ReLU and max-pool commute, bit for bit both ways: pooling first leaves the
+                // ReLU a quarter of the values.
+                (None, true) => relu(max_pool2d_forward(&self.pool, x)),
+                (None, false) => relu(x),
             };
-            if layer.pool {
-                x = max_pool2d_forward(&self.pool, x);
-            }
             if layer.dropout {
                 x = self.dropout.forward(x);
             }
