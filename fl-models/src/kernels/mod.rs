@@ -315,7 +315,8 @@ mod tests {
     use burn::nn::pool::MaxPool2dConfig;
     use burn::tensor::{Device, Distribution, Tensor};
 
-    fn close(a: Tensor<4>, b: Tensor<4>) {
+    /// `a` and `b` agree to within 1e-4 relative (plus absolute) per value.
+    pub(super) fn close(a: Tensor<4>, b: Tensor<4>) {
         let (a, b) = (
             a.into_data().try_to_vec::<f32>().unwrap(),
             b.into_data().try_to_vec::<f32>().unwrap(),
@@ -324,6 +325,12 @@ mod tests {
         for (x, y) in a.iter().zip(&b) {
             assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
         }
+    }
+
+    /// A tensor's values as their bit patterns (for bit-for-bit comparisons).
+    pub(super) fn bits<const D: usize>(t: Tensor<D>) -> Vec<u32> {
+        let v = t.into_data().try_to_vec::<f32>().unwrap();
+        v.into_iter().map(f32::to_bits).collect()
     }
 
     /// Forward values and all three gradients agree with Burn's own convolution on flex.
@@ -389,10 +396,6 @@ mod tests {
     #[test]
     fn global_average_pooling_is_burns_bit_for_bit() {
         use burn::nn::pool::AdaptiveAvgPool2dConfig;
-        let bits = |t: Tensor<4>| -> Vec<u32> {
-            let v = t.into_data().try_to_vec::<f32>().unwrap();
-            v.into_iter().map(f32::to_bits).collect()
-        };
         let normal = Distribution::Normal(0.5, 2.0);
         let device = Device::flex().autodiff();
         let pool = AdaptiveAvgPool2dConfig::new([1, 1]).init();
@@ -467,10 +470,6 @@ mod tests {
                     .unwrap();
             values.extend(edges);
             let n = values.len();
-            let bits = |t: Tensor<4>| {
-                let v = t.into_data().try_to_vec::<f32>().unwrap();
-                v.into_iter().map(f32::to_bits).collect::<Vec<_>>()
-            };
             for act in [Activation::Relu, Activation::Relu6, Activation::HardSwish] {
                 let x = Tensor::<1>::from_floats(values.as_slice(), &device)
                     .reshape([1, 1, 1, n])
@@ -519,10 +518,6 @@ mod tests {
     #[test]
     fn residual_additions_are_burns_bit_for_bit() {
         let device = Device::flex().autodiff();
-        let bits = |t: Tensor<4>| {
-            let v = t.into_data().try_to_vec::<f32>().unwrap();
-            v.into_iter().map(f32::to_bits).collect::<Vec<_>>()
-        };
         // Random values, then sums of exactly +0 and −0 and signed-zero operands.
         let mut a_values = cpu::tests::values(5000, 51);
         a_values.extend([1.0, -0.0, -0.0, 0.0, 2.5, -3.0, 0.0]);
@@ -572,10 +567,6 @@ mod tests {
     fn linear_is_burns_bit_for_bit() {
         use burn::module::Module;
         use burn::nn::LinearConfig;
-        fn bits<const D: usize>(t: Tensor<D>) -> Vec<u32> {
-            let v = t.into_data().try_to_vec::<f32>().unwrap();
-            v.into_iter().map(f32::to_bits).collect()
-        }
         let normal = Distribution::Normal(0.0, 1.0);
         let device = Device::flex().autodiff();
         for (rows, d_in, d_out, track_x, transposed) in [
@@ -635,10 +626,6 @@ mod tests {
             .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
             .init(&device);
         let x = Tensor::<4>::random([2, 4, 8, 8], Distribution::Normal(0.0, 1.0), &device);
-        let bits = |t: Tensor<4>| {
-            let v = t.into_data().try_to_vec::<f32>().unwrap();
-            v.into_iter().map(f32::to_bits).collect::<Vec<_>>()
-        };
         set_kernel_enabled(Kernel::Conv, false);
         let others_on = Kernel::ALL[1..].iter().all(|&k| kernel_enabled(k));
         let (conv_on, all_on) = (kernel_enabled(Kernel::Conv), enabled());

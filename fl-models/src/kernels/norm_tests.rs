@@ -1,26 +1,11 @@
 //! Batch normalisation against Burn's `BatchNorm` (training and inference), and the fused
 //! normalisation + activation against the two ops.
 
+use super::tests::{bits, close};
 use super::*;
 use burn::module::{Module, Param};
 use burn::nn::BatchNormConfig;
 use burn::tensor::{Device, Distribution, Tensor};
-
-fn close(a: Tensor<4>, b: Tensor<4>) {
-    let (a, b) = (
-        a.into_data().try_to_vec::<f32>().unwrap(),
-        b.into_data().try_to_vec::<f32>().unwrap(),
-    );
-    assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(&b) {
-        assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
-    }
-}
-
-fn bits<const D: usize>(t: Tensor<D>) -> Vec<u32> {
-    let v = t.into_data().try_to_vec::<f32>().unwrap();
-    v.into_iter().map(f32::to_bits).collect()
-}
 
 /// Training-mode batch norm: output, all three gradients and the running statistics agree
 /// with Burn's BatchNorm.
@@ -102,6 +87,15 @@ fn inference_batch_norm_is_burns_bit_for_bit() {
     cpu::tests::at_every_isa(check);
 }
 
+/// A fresh 5-channel BatchNorm whose γ and β spread the normalised values over ReLU6's and
+/// hard-swish's boundaries (separate modules: a clone could share the running state).
+fn spread_norm(device: &Device) -> burn::nn::BatchNorm {
+    let mut bn = BatchNormConfig::new(5).init(device);
+    bn.gamma = Param::from_tensor(Tensor::from_floats([4.0, -3.0, 0.5, 2.0, 1.0], device));
+    bn.beta = Param::from_tensor(Tensor::from_floats([0.5, 3.0, -0.25, 0.0, 6.0], device));
+    bn
+}
+
 /// Training-mode batch norm fused with each activation is the two ops bit for bit (the
 /// normalisation, then the activation's own kernel): output, the gradients of `x`, γ and β,
 /// and the running statistics, on every instruction tier. γ spreads the normalised values over
@@ -112,14 +106,7 @@ fn batch_norm_fused_with_each_activation_is_the_two_ops_bit_for_bit() {
     let check = |_| {
         let device = Device::flex().autodiff();
         let normal = |m, s| Distribution::Normal(m, s);
-        let gamma = Tensor::<1>::from_floats([4.0, -3.0, 0.5, 2.0, 1.0], &device);
-        let beta = Tensor::<1>::from_floats([0.5, 3.0, -0.25, 0.0, 6.0], &device);
-        let make = || {
-            let mut bn = BatchNormConfig::new(5).init(&device);
-            bn.gamma = Param::from_tensor(gamma.clone());
-            bn.beta = Param::from_tensor(beta.clone());
-            bn
-        };
+        let make = || spread_norm(&device);
         let mut x = Tensor::<4>::random([3, 5, 6, 7], normal(2.0, 3.0), &device).into_data();
         let values = x.as_mut_slice::<f32>().unwrap();
         values[4 * 42..5 * 42].fill(1.5);
@@ -172,9 +159,7 @@ fn inference_batch_norm_fused_with_each_activation_is_the_two_ops_bit_for_bit() 
     let check = |_| {
         let device = Device::flex().autodiff();
         let normal = |m, s| Distribution::Normal(m, s);
-        let mut bn = BatchNormConfig::new(5).init(&device);
-        bn.gamma = Param::from_tensor(Tensor::from_floats([4.0, -3.0, 0.5, 2.0, 1.0], &device));
-        bn.beta = Param::from_tensor(Tensor::from_floats([0.5, 3.0, -0.25, 0.0, 6.0], &device));
+        let bn = spread_norm(&device);
         let _ = bn.forward(Tensor::<4>::random([8, 5, 6, 7], normal(2.0, 3.0), &device));
         let data = Tensor::<4>::random([3, 5, 6, 7], normal(2.0, 3.0), &device).into_data();
         let probe = Tensor::<4>::random([3, 5, 6, 7], normal(0.0, 1.0), &device);
