@@ -121,33 +121,19 @@ fn forward_in(
     if let Some(bias) = bias {
         bias_padded[..g.c_out].copy_from_slice(bias);
     }
-    let [oh, ow] = g.output;
-    let rows = wide.by_rows.then(|| wide.row_vectors());
-    // SAFETY: each sample's chunk is written whole: the row vectors cover each row of every
-    // channel, and the wide path copies each row out.
+    let vectors = wide.output_vectors();
+    // SAFETY: each sample's chunk is written whole: the vectors cover each row of every
+    // channel.
     unsafe {
         super::cpu::written_whole(g.batch * g.output_len(), |y| {
             y.par_chunks_mut(g.output_len())
                 .zip(x.par_chunks(g.input_len()))
                 .for_each_init(
-                    || Scratch::new(wide),
-                    |scratch, (y_n, x_n)| {
-                        wide.pad_input(x_n, &mut scratch.input);
-                        let args = (wide, &scratch.input[..], &packed[..], &bias_padded[..]);
-                        if let Some(rows) = &rows {
-                            // Straight into the output: no thrown-away columns to drop.
-                            forward_rows(args, rows, g.c_out, y_n);
-                            return;
-                        }
-                        forward_wide(args, &mut scratch.output);
-                        let wp = wide.padded[1];
-                        for co in 0..g.c_out {
-                            for oy in 0..oh {
-                                y_n[(co * oh + oy) * ow..][..ow].write_copy_of_slice(
-                                    &scratch.output[co * wide.len + oy * wp..][..ow],
-                                );
-                            }
-                        }
+                    || Aligned::zeroed(wide.input_len),
+                    |input, (y_n, x_n)| {
+                        wide.pad_input(x_n, input);
+                        // Straight into the output: nothing to copy out of the wide layout.
+                        forward_rows((wide, input, &packed, &bias_padded), &vectors, g.c_out, y_n);
                     },
                 )
         })
@@ -232,27 +218,26 @@ pub(super) fn gathers(g: &Conv2dGeometry) -> bool {
     Wide::new(g).gathers
 }
 
-/// `g`'s layout computing the whole wide length even where it would run by rows: the reference
-/// the tests compare the row vectors with.
+/// `g`'s layout scattering the input gradient over the wide length even where it would gather
+/// it, and running the forward pass by the wide layout's vectors: the reference the tests
+/// compare the gathered gradient and the row vectors with.
 #[cfg(test)]
 fn wide_only(g: &Conv2dGeometry) -> Wide {
-    let mut wide = Wide::new(g);
-    wide.by_rows = false;
+    let mut wide = Wide::new(g).forward_by_rows(false);
     wide.gathers = false;
-    wide.reach = wide.len;
-    wide.input_len = wide.offsets.last().copied().unwrap_or(0) + wide.len;
     wide
 }
 
-/// [`conv2d_forward`] in the wide layout (see [`wide_only`]).
+/// [`conv2d_forward`] by rows or by the wide layout's vectors, whichever `g` would take.
 #[cfg(test)]
-pub(super) fn wide_forward(
+pub(super) fn forward_by_rows(
     g: &Conv2dGeometry,
+    by_rows: bool,
     x: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
-    forward_in(&wide_only(g), g, x, weight, bias)
+    forward_in(&Wide::new(g).forward_by_rows(by_rows), g, x, weight, bias)
 }
 
 /// [`conv2d_input_grad`] in the wide layout (see [`wide_only`]).
@@ -261,56 +246,9 @@ pub(super) fn wide_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) ->
     input_grad_in(&wide_only(g), g, weight, dy)
 }
 
-/// Per-thread buffers: one padded input, one wide output.
-struct Scratch {
-    input: Aligned,
-    output: Aligned,
-}
-
-impl Scratch {
-    fn new(wide: &Wide) -> Self {
-        Scratch {
-            input: Aligned::zeroed(wide.input_len),
-            output: Aligned::zeroed(if wide.by_rows {
-                0
-            } else {
-                wide.c_out_padded * wide.len
-            }),
-        }
-    }
-}
-
 /// The forward kernels' operands: the layout, one padded input, the packed weights and the
 /// padded bias.
 type ForwardArgs<'a> = (&'a Wide, &'a [f32], &'a [f32], &'a [f32]);
-
-/// `out[co, p] = bias[co] + Σ_k W[co, k] · input[offset(k) + p]` for all padded channels and
-/// `p < len`.
-fn forward_wide(args: ForwardArgs, out: &mut [f32]) {
-    let (wide, input, packed, bias) = args;
-    let taps = wide.offsets.len();
-    assert!(input.len() >= wide.input_len, "direct conv: input buffer");
-    assert!(
-        out.len() >= wide.c_out_padded * wide.len,
-        "direct conv: output buffer"
-    );
-    assert!(packed.len() >= wide.c_out_padded * taps && bias.len() >= wide.c_out_padded);
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: `applies` checked the tier (no Wide is built otherwise); the asserts above and
-        // `Wide::input_len` bound every load and store of the tiles.
-        unsafe {
-            // Tiles of channels × vectors of pixels, then single vectors for the rest of the
-            // wide length.
-            by_channel_tile!(
-                wide.channel_tile,
-                tiles::{forward_tiles_avx512, forward_tiles_avx2}(args, out)
-            )
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("direct convolution is only used on x86-64");
-}
 
 /// The input-gradient kernels' layout: the convolution's, `c_out`, the input-channel tile and
 /// the input channels rounded up to it.
@@ -380,8 +318,8 @@ fn weight_grad_chunk(
     let mut dw = vec![0.0f32; g.c_out * taps];
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: as in `forward_wide`: the tier is present, and the buffers were sized from
-        // `wide` just above.
+        // SAFETY: `applies` checked the tier (no `Wide` is built otherwise), and the buffers
+        // were sized from `wide` just above.
         unsafe {
             // Four channels × six taps for tiles of eight too (two per tile): per multiply-add
             // half the loads of the output gradient, which streams from L2 (17% less time in
@@ -414,75 +352,6 @@ fn weight_grad_chunk(
 mod tiles {
     use super::{LANES, Wide};
     use crate::kernels::lanes16::Lanes16;
-
-    /// [`forward`] over the whole wide length: tiles of `P` vectors, then single vectors for
-    /// what is left.
-    ///
-    /// # Safety
-    /// As [`forward`]'s, for any `P`.
-    #[inline(always)]
-    unsafe fn forward_tiles<V: Lanes16, const C: usize, const R: usize, const P: usize>(
-        args: (&Wide, &[f32], &[f32], &[f32]),
-        out: &mut [f32],
-    ) {
-        let len = args.0.len;
-        let main = len - len % (P * LANES);
-        // SAFETY: the caller upholds this function's contract; both ranges are whole vectors.
-        unsafe {
-            forward::<V, C, R, P>(args, 0..main, out);
-            forward::<V, C, R, 1>(args, main..len, out);
-        }
-    }
-
-    /// Forward tiles of `R` of a packed block's `C` channels × `P` vectors of pixels over the
-    /// wide positions `pixels`.
-    ///
-    /// # Safety
-    /// The CPU supports `V`'s tier; `C` is `wide.channel_tile` and `R` divides it; `pixels` is
-    /// a range of whole vectors (multiples of 16) within `wide.len` whose length is a multiple
-    /// of `16·P`; `input.len() >= wide.input_len`, `out.len() >= c_out_padded · len`, `packed`
-    /// holds `c_out_padded · taps` floats and `bias` `c_out_padded`.
-    #[inline(always)]
-    unsafe fn forward<V: Lanes16, const C: usize, const R: usize, const P: usize>(
-        (wide, input, packed, bias): (&Wide, &[f32], &[f32], &[f32]),
-        pixels: std::ops::Range<usize>,
-        out: &mut [f32],
-    ) {
-        // SAFETY: the caller upholds this function's contract.
-        unsafe {
-            let taps = wide.offsets.len();
-            let (x, o) = (input.as_ptr(), out.as_mut_ptr());
-            for block in 0..wide.c_out_padded / C {
-                for first in (0..C).step_by(R) {
-                    let w = packed.as_ptr().add(block * taps * C + first);
-                    let channel = block * C + first;
-                    for p in pixels.clone().step_by(LANES * P) {
-                        let mut acc = [[V::zero(); P]; R];
-                        for (c, a) in acc.iter_mut().enumerate() {
-                            *a = [V::splat(bias[channel + c]); P];
-                        }
-                        for (k, &offset) in wide.offsets.iter().enumerate() {
-                            let src = x.add(offset + p);
-                            let xv: [V; P] = std::array::from_fn(|v| V::load(src.add(v * LANES)));
-                            let wk = w.add(k * C);
-                            for (c, a) in acc.iter_mut().enumerate() {
-                                let wc = V::splat(*wk.add(c));
-                                for v in 0..P {
-                                    a[v] = wc.mul_add(xv[v], a[v]);
-                                }
-                            }
-                        }
-                        for (c, a) in acc.iter().enumerate() {
-                            let dst = o.add((channel + c) * wide.len + p);
-                            for (v, value) in a.iter().enumerate() {
-                                value.store(dst.add(v * LANES));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
 
     /// [`scatter`] over every input-channel block and tap: tiles of `P` vectors of pixels, then
     /// single vectors for the rest of the wide length. Each element of `dx` receives its taps'
@@ -634,13 +503,6 @@ mod tiles {
         }
     }
 
-    crate::kernels::lanes16::tier_entries! {
-        forward_tiles_avx512, forward_tiles_avx2 =>
-            forward_tiles<const C, const R, const P>(
-                args: (&Wide, &[f32], &[f32], &[f32]),
-                out: &mut [f32],
-            )
-    }
     crate::kernels::lanes16::tier_entries! {
         scatter_tiles_avx512, scatter_tiles_avx2 =>
             scatter_tiles<const C, const R, const P>(

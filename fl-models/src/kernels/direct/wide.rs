@@ -16,11 +16,11 @@ pub(super) fn wide_len(g: &Conv2dGeometry) -> usize {
 fn by_rows(g: &Conv2dGeometry, len: usize) -> (bool, usize) {
     let [oh, ow] = g.output;
     let row_lanes = ow.next_multiple_of(rows::unit());
-    // By rows where that computes fewer lanes than the wide length, or up to 6% more
-    // on layers of at most 16 input channels, where copying the output out of the wide
-    // layout costs more than the extra products (ResNet-20's 28×28 stage: its evaluation on
-    // 1×28×28 inputs 6–8% faster; at 32 and 64 channels within noise or slower).
-    let by_rows = oh * row_lanes < len || (g.c_in <= 16 && 100 * oh * row_lanes <= 106 * len);
+    // By rows where that computes no more lanes than the wide length (one store per vector,
+    // where a wide vector's pixels may span two or three rows), or where the wide vectors
+    // would span more rows than that (see `RowVectors::wide`).
+    let wp = ow + g.kernel[1] - 1;
+    let by_rows = oh * row_lanes <= len || 2 * wp < rows::unit();
     (by_rows, row_lanes)
 }
 
@@ -78,18 +78,11 @@ impl Wide {
                 }
             }
         }
-        let (by_rows, row_lanes) = by_rows(g, len);
-        let reach = if by_rows {
-            len.max((oh - 1) * padded[1] + row_lanes)
-        } else {
-            len
-        };
-        let input_len = offsets.last().copied().unwrap_or(0) + reach;
         // The scatter's lanes: the wide length, input channels in its tiles.
         let scatter_channels = g.c_in.next_multiple_of(channel_tile(g.c_in));
         let gathers = gather::worth_it(g, len, scatter_channels);
         let channel_tile = channel_tile(g.c_out);
-        Wide {
+        let wide = Wide {
             c_in: g.c_in,
             c_out_padded: g.c_out.next_multiple_of(channel_tile),
             channel_tile,
@@ -98,12 +91,28 @@ impl Wide {
             padded,
             output: g.output,
             len,
-            by_rows,
+            by_rows: false,
             gathers,
-            reach,
+            reach: len,
             offsets,
-            input_len,
-        }
+            input_len: 0,
+        };
+        wide.forward_by_rows(by_rows(g, len).0)
+    }
+
+    /// This layout with its forward pass by rows or by the wide layout's vectors (see
+    /// [`RowVectors`](rows::RowVectors)), and the reach and padded input length that takes.
+    pub(super) fn forward_by_rows(mut self, by_rows: bool) -> Self {
+        let [oh, ow] = self.output;
+        let row_lanes = ow.next_multiple_of(rows::unit());
+        self.by_rows = by_rows;
+        self.reach = if by_rows {
+            self.len.max((oh - 1) * self.padded[1] + row_lanes)
+        } else {
+            self.len
+        };
+        self.input_len = self.offsets.last().copied().unwrap_or(0) + self.reach;
+        self
     }
 
     /// Copies one sample into the zero-padded input buffer. Writes only the sample's values:

@@ -274,48 +274,75 @@ fn input_grad_keeps_the_wide_bits(g: &Conv2dGeometry, w: &[f32], dy: &[f32]) {
 
 #[test]
 fn direct_kernels_by_rows_keep_the_wide_bits() {
-    // 16×16 and 32×32 maps under 3×3 and 5×5 kernels (one and two vectors per row), 14×14 and
-    // 12×30 ones (a partial last vector per row), asymmetric padding; channel counts that leave
-    // a partial channel tile on both sides (13: tile 8), several samples.
-    let shapes = [
+    // By rows: 16×16 and 32×32 maps under 3×3 and 5×5 kernels (one and two vectors per row),
+    // 14×14 and 12×30 ones (a partial last vector per row), asymmetric padding; channel counts
+    // that leave a partial channel tile on both sides (13: tile 8), several samples.
+    let by_rows = [
         geometry([3, 5, 16, 16], [13, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([2, 9, 16, 16], [16, 5, 5], [1, 1], [(2, 2), (2, 2)]),
         geometry([2, 3, 32, 32], [12, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([3, 6, 14, 14], [20, 5, 5], [1, 1], [(2, 2), (2, 2)]),
         geometry([2, 8, 12, 30], [6, 5, 5], [1, 1], [(2, 2), (1, 3)]),
-        // ResNet-20's 28×28 stage: 6% more vectors by rows, taken at 16 input channels.
-        geometry([2, 16, 28, 28], [16, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+    ];
+    // By the wide layout's vectors, stored straight into the output across two or three rows
+    // (on AVX2, in 8-lane vectors, where rows are no wider in whole vectors, by rows): ResNet-20's
+    // 28×28 stage (848 wide lanes per channel against 896 by rows), the FedAvg CNN's first layer
+    // on 1×28×28 inputs (24×24 of rows 28 apart; 576 lanes by rows on AVX2), the FedMR CNN's
+    // second (10×10, rows 14 apart; on 1×28×28 inputs 8×8, rows 12 apart: some vectors start
+    // past a row's end and reach two more rows).
+    let wide = [
+        (
+            geometry([2, 16, 28, 28], [16, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            false,
+        ),
+        (
+            geometry([3, 1, 28, 28], [32, 5, 5], [1, 1], [(0, 0), (0, 0)]),
+            true,
+        ),
+        (
+            geometry([2, 6, 14, 14], [16, 5, 5], [1, 1], [(0, 0), (0, 0)]),
+            false,
+        ),
+        (
+            geometry([3, 6, 12, 12], [13, 5, 5], [1, 1], [(0, 0), (0, 0)]),
+            true,
+        ),
     ];
     // 8×8 and 7×7 maps: by rows in AVX2's 8-lane vectors (one per row, against 80 and 64
-    // lanes per channel wide), wide in AVX-512's 16-lane ones.
+    // lanes per channel wide), wide in AVX-512's 16-lane ones (7×7: rows 9 apart, three per
+    // vector).
     let short_rows = [
         geometry([3, 13, 8, 8], [20, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([2, 9, 7, 7], [16, 3, 3], [1, 1], [(1, 1), (1, 1)]),
     ];
     use crate::kernels::direct;
-    let _guard = crate::kernels::isa::test_lock();
-    if Isa::active() < Isa::Avx2 {
-        return;
-    }
-    let avx2 = Isa::active() == Isa::Avx2;
-    let paths = shapes.iter().map(|g| (g, true));
-    for (g, by_rows) in paths.chain(short_rows.iter().map(|g| (g, avx2))) {
-        let x = values(g.batch * g.input_len(), 61);
-        let w = values(g.weight_len(), 62);
-        let b = values(g.c_out, 63);
-        let dy = values(g.batch * g.output_len(), 64);
-        assert_eq!(direct::runs_by_rows(g), by_rows, "{g:?}: runs by rows");
-        for bias in [Some(&b[..]), None] {
-            let y = direct::conv2d_forward(g, &x, &w, bias);
-            let y_ref = direct::wide_forward(g, &x, &w, bias);
-            assert_same_bits(&y, &y_ref, format!("{g:?}: forward"));
+    at_every_isa(|isa| {
+        if isa < Isa::Avx2 {
+            return;
         }
-        input_grad_keeps_the_wide_bits(g, &w, &dy);
-        close(
-            &direct::conv2d_forward(g, &x, &w, Some(&b)),
-            &naive_conv(g, &x, &w, &b),
-        );
-    }
+        let avx2 = isa == Isa::Avx2;
+        let paths = by_rows.iter().map(|g| (g, true));
+        let paths = paths.chain(wide.iter().map(|(g, on_avx2)| (g, avx2 && *on_avx2)));
+        for (g, by_rows) in paths.chain(short_rows.iter().map(|g| (g, avx2))) {
+            let x = values(g.batch * g.input_len(), 61);
+            let w = values(g.weight_len(), 62);
+            let b = values(g.c_out, 63);
+            let dy = values(g.batch * g.output_len(), 64);
+            assert_eq!(direct::runs_by_rows(g), by_rows, "{g:?}: runs by rows");
+            for bias in [Some(&b[..]), None] {
+                let y = direct::conv2d_forward(g, &x, &w, bias);
+                let y_rows = direct::forward_by_rows(g, true, &x, &w, bias);
+                let y_wide = direct::forward_by_rows(g, false, &x, &w, bias);
+                assert_same_bits(&y, &y_rows, format!("{g:?}: forward by rows"));
+                assert_same_bits(&y, &y_wide, format!("{g:?}: forward wide"));
+            }
+            input_grad_keeps_the_wide_bits(g, &w, &dy);
+            close(
+                &direct::conv2d_forward(g, &x, &w, Some(&b)),
+                &naive_conv(g, &x, &w, &b),
+            );
+        }
+    });
 }
 
 #[test]
