@@ -1,7 +1,7 @@
 //! The vector instructions the hand-written kernels use: the best the CPU has, capped by
-//! [`set_max_isa`]. Tests force every path this way on a CPU that would pick a higher one, and a
-//! cap reproduces the code path of a smaller CPU. (The gemm inside im2col convolutions is the
-//! `gemm` crate's, which picks its own instructions.)
+//! [`set_max_isa`]. A cap reproduces the code path of a smaller CPU; tests force every path on a
+//! CPU that would pick a higher one with a cap of their own thread pool's (`capped`). (The gemm
+//! inside im2col convolutions is the `gemm` crate's, which picks its own instructions.)
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -45,10 +45,35 @@ impl Isa {
         Self::Baseline
     }
 
-    /// The tier the kernels use: the CPU's, capped by [`set_max_isa`].
+    /// The tier the kernels use: the CPU's, capped by [`set_max_isa`] (in tests, by the cap of
+    /// the thread, if it has one: `capped`).
     pub fn active() -> Self {
+        #[cfg(test)]
+        if let Some(cap) = TEST_CAP.get() {
+            return Self::detected().min(cap);
+        }
         Self::detected().min(Self::from_u8(CAP.load(Ordering::Relaxed)))
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// This thread's cap in tests (see [`capped`]).
+    static TEST_CAP: std::cell::Cell<Option<Isa>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` on a thread pool of its own whose threads cap the kernels at `isa` (tests only).
+/// Tests run in parallel: a cap on the whole process would change the tier under other tests'
+/// kernels between two of their reads of it (a layout built for one tier, run by another's
+/// kernel), which failed them now and then.
+#[cfg(test)]
+pub(crate) fn capped<R: Send>(isa: Isa, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .start_handler(move |_| TEST_CAP.set(Some(isa)))
+        .build()
+        .expect("a test thread pool")
+        .install(f)
 }
 
 /// Caps the kernels' tier for the whole process (the default cap is the highest tier); returns
@@ -64,8 +89,9 @@ pub(crate) fn uses(isa: Isa) -> bool {
     Isa::active() >= isa
 }
 
-/// Serialises the tests that change the cap with the tests that compare the bits of two runs
-/// (a cap changed between the runs would change their path, and so their bits).
+/// Serialises the tests that change process-wide switches (the kernel families') with the tests
+/// that compare the bits of two runs (a switch flipped between the runs would change their
+/// path, and so their bits).
 #[cfg(test)]
 pub(crate) fn test_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());

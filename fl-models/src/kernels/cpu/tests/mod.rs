@@ -2,20 +2,20 @@
 
 use super::*;
 use crate::kernels::Activation;
-use crate::kernels::isa::{Isa, set_max_isa};
+use crate::kernels::isa::Isa;
 
 mod paths;
 
 /// Runs `check` once per instruction tier the CPU supports (lowest first), with the kernels
-/// capped at that tier, so the paths this CPU would not pick by itself are tested too. Tests
-/// that change the cap take a lock; others may run meanwhile at any tier, which is still valid.
-pub(crate) fn at_every_isa(check: impl Fn(Isa)) {
+/// capped at that tier on a thread pool of its own (`isa::capped`: other tests keep theirs),
+/// so the paths this CPU would not pick by itself are tested too. Holds the lock of the tests
+/// that flip process-wide switches, since its checks compare the bits of two paths.
+pub(crate) fn at_every_isa(check: impl Fn(Isa) + Sync) {
     let _guard = crate::kernels::isa::test_lock();
     let tiers = [Isa::Baseline, Isa::Avx2, Isa::Avx512];
     for isa in tiers.into_iter().filter(|&t| t <= Isa::detected()) {
-        set_max_isa(isa);
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(isa)));
-        set_max_isa(Isa::Avx512);
+        let run = || crate::kernels::isa::capped(isa, || check(isa));
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
         if let Err(panic) = outcome {
             eprintln!("failed with the kernels capped at {isa:?}");
             std::panic::resume_unwind(panic);
