@@ -328,9 +328,16 @@ fn weight_grad_chunk(
             // for two FMA units of 4 cycles' latency, ran 5–30% slower in `fl bench --kernels`,
             // one thread, best of three: VGG-16 block 1 47 → 62 GFLOP/s, ResNet-20 stage 3
             // 36 → 48).
+            // Five taps where six would leave a tile's taps partly idle and five fill them (the
+            // 5×5 first layers: 25 taps as 5 × 5, not 5 × 6 with 5 dropped; each sum is its own
+            // chain, so the tile changes no bit).
+            let fives = !taps.is_multiple_of(6) && taps.is_multiple_of(5);
             let (x, d, c, dw) = (&inputs[..], &grads[..], g.c_out, &mut dw[..]);
             match (avx512(), wide.channel_tile) {
                 (true, 6) => tiles::weight_grad_avx512::<6, 4>((wide, count, count), x, d, c, dw),
+                (true, _) if fives => {
+                    tiles::weight_grad_avx512::<4, 5>((wide, count, count), x, d, c, dw)
+                }
                 (true, _) => tiles::weight_grad_avx512::<4, 6>((wide, count, count), x, d, c, dw),
                 (false, _) => {
                     // As many samples per pass as keep a tile's rows (two channels of the

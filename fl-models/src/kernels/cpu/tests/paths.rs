@@ -460,9 +460,15 @@ fn single_pixel_weight_gradients_keep_the_im2col_bits() {
 #[test]
 fn direct_kernels_compute_their_documented_chains() {
     use crate::kernels::direct;
-    // Wide, by rows, gathered and scattered layouts; channel tiles of 8, 6 and 4 with partial
-    // ones; 5×5 and 3×3 kernels, asymmetric padding; two weight-gradient chunks.
+    // Wide, by rows, gathered and scattered layouts; wide vectors reaching two and three rows
+    // (24×24, rows 28 apart; 8×8, rows 12 apart; 7×7, rows 9 apart); channel tiles of 8, 6
+    // and 4 with partial ones; 5×5 and 3×3 kernels, 25 and 75 taps (weight-gradient tiles of
+    // five taps), asymmetric padding; two weight-gradient chunks.
     let shapes = [
+        geometry([3, 1, 28, 28], [32, 5, 5], [1, 1], [(0, 0), (0, 0)]),
+        geometry([2, 3, 20, 20], [8, 5, 5], [1, 1], [(0, 0), (0, 0)]),
+        geometry([3, 6, 12, 12], [13, 5, 5], [1, 1], [(0, 0), (0, 0)]),
+        geometry([2, 9, 7, 7], [16, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([3, 5, 16, 16], [13, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([2, 16, 28, 28], [16, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([10, 6, 14, 14], [16, 5, 5], [1, 1], [(0, 0), (0, 0)]),
