@@ -47,8 +47,8 @@ pub(crate) fn input_grad(
     (w, w_rs): (&[f32], usize),
     [m, n, k]: [usize; 3],
 ) -> Vec<f32> {
-    // The CPU's own tier, not the cap: tests lower the cap concurrently, and the caller's
-    // `applies` may have seen a higher one; the tiles need only what the CPU runs.
+    // The CPU's own tier, not the cap: the tiles need only what the CPU runs, whichever tier
+    // the caller's `applies` saw.
     let supported = cfg!(target_arch = "x86_64") && Isa::detected() >= Isa::Avx2;
     assert!(
         supported && shape_applies(m, n, k),
