@@ -24,9 +24,10 @@
 //! ([`Lanes16`](super::lanes16::Lanes16): one AVX-512 register or two AVX2 ones) and compiled
 //! for each tier with register tiles that fit its register file; every lane's sum is the same
 //! chain on both, so an AVX2 CPU computes these layers to the same bits as an AVX-512 one.
-//! Where each output row's own vectors are fewer than the wide length's (16×16 and 32×32 maps,
-//! 14×14 ones under 5×5 kernels; on AVX2, whose row vectors are 8 lanes, also 8×8 and 7×7
-//! ones), the forward pass computes those instead (`direct/rows.rs`);
+//! Where each output row's own vectors are no more than the wide length's (16×16 and 32×32
+//! maps, 14×14 ones under 5×5 kernels; on AVX2, whose row vectors are 8 lanes, also 8×8 and 7×7
+//! ones), the forward pass computes those instead (`direct/rows.rs`); elsewhere the wide
+//! layout's vectors store straight into the output, masked to the rows they reach;
 //! where it computes about as many lanes as the scatter ("same" padding), the input gradient
 //! gathers each input pixel's taps in registers (`direct/gather.rs`). Both keep the wide
 //! layout's sums. Sums run in a fixed order, so results do not depend on the thread count.
@@ -228,7 +229,8 @@ fn wide_only(g: &Conv2dGeometry) -> Wide {
     wide
 }
 
-/// [`conv2d_forward`] by rows or by the wide layout's vectors, whichever `g` would take.
+/// [`conv2d_forward`] by rows (`by_rows`) or by the wide layout's vectors, whichever `g` would
+/// take.
 #[cfg(test)]
 pub(super) fn forward_by_rows(
     g: &Conv2dGeometry,
