@@ -29,12 +29,12 @@ const MAX_SAMPLES: usize = 64;
 /// 2–64 samples, where gemm runs its blocked product (its `k ≤ 2`, `m·n ≤ 256` and
 /// single-row special cases sum in other orders).
 pub(crate) fn applies(m: usize, n: usize, k: usize) -> bool {
-    cfg!(target_arch = "x86_64") && shape_applies(m, n, k) && uses(Isa::Avx2)
-}
-
-/// The shapes [`applies`] takes, whatever the tier.
-fn shape_applies(m: usize, n: usize, k: usize) -> bool {
-    (2..=MAX_SAMPLES).contains(&m) && n >= 2 && k > 2 && m * n > 256
+    cfg!(target_arch = "x86_64")
+        && (2..=MAX_SAMPLES).contains(&m)
+        && n >= 2
+        && k > 2
+        && m * n > 256
+        && uses(Isa::Avx2)
 }
 
 /// `dy · Wᵀ` as a row-major `m × n` matrix: `dy` is `m × k` with row stride `dy_rs` (columns
@@ -47,13 +47,7 @@ pub(crate) fn input_grad(
     (w, w_rs): (&[f32], usize),
     [m, n, k]: [usize; 3],
 ) -> Vec<f32> {
-    // The CPU's own tier, not the cap: the tiles need only what the CPU runs, whichever tier
-    // the caller's `applies` saw.
-    let supported = cfg!(target_arch = "x86_64") && Isa::detected() >= Isa::Avx2;
-    assert!(
-        supported && shape_applies(m, n, k),
-        "dense kernel: unsupported shape"
-    );
+    assert!(applies(m, n, k), "dense kernel: unsupported shape");
     assert!(dy.len() >= (m - 1) * dy_rs + k && w.len() >= (n - 1) * w_rs + k);
     let vectors = m.div_ceil(16);
     let lanes = vectors * 16;
@@ -116,7 +110,7 @@ fn tile_rows(
 ) {
     let lanes = 16 * vectors;
     let args = |r: usize, v: usize| (&w[r * w_rs..], w_rs, &dy_t[16 * k * v..], kc, k, lanes);
-    // SAFETY: `input_grad` checked the CPU's tier; `tiles::tile` asserts its slices' lengths.
+    // SAFETY: `applies` checked the tier; `tiles::tile` asserts its slices' lengths.
     unsafe {
         if uses(Isa::Avx512) {
             match (vectors, rows) {
