@@ -70,13 +70,16 @@ impl RowVectors {
     /// The wide layout's [`unit()`]-wide vectors over `len` positions of rows `stride` apart, of
     /// which the first `width` of each of the `rows` rows are pixels: each vector stores its
     /// pixels straight into a `[rows, width]` plane, so nothing is copied out of the wide
-    /// layout. `None` where a vector could reach more than three rows (rows, with their extra
-    /// columns, narrower than half a vector).
-    pub(super) fn wide([rows, width]: [usize; 2], stride: usize, len: usize) -> Option<Self> {
+    /// layout.
+    ///
+    /// # Panics
+    /// Unless [`wide_fits`]`(stride)` and `width <= stride`.
+    pub(super) fn wide([rows, width]: [usize; 2], stride: usize, len: usize) -> Self {
         let unit = unit();
-        if 2 * stride < unit || width > stride {
-            return None;
-        }
+        assert!(
+            wide_fits(stride) && width <= stride,
+            "wide vectors: rows too narrow"
+        );
         let mut v = RowVectors {
             starts: Vec::new(),
             dest: Vec::new(),
@@ -107,8 +110,14 @@ impl RowVectors {
                 .parts
                 .max(1 + masks.iter().rposition(|&m| m != 0).unwrap_or(0));
         }
-        Some(v)
+        v
     }
+}
+
+/// Whether [`RowVectors::wide`] takes rows `stride` apart: rows (with their extra columns) at
+/// least half a vector wide, so that a vector reaches at most three of them.
+pub(super) fn wide_fits(stride: usize) -> bool {
+    2 * stride >= unit()
 }
 
 impl Wide {
@@ -119,7 +128,6 @@ impl Wide {
             return RowVectors::new(self.output, |oy, x0| oy * self.padded[1] + x0);
         }
         RowVectors::wide(self.output, self.padded[1], self.len)
-            .expect("rows this narrow run by rows (`by_rows`)")
     }
 }
 

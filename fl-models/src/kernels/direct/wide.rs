@@ -18,9 +18,8 @@ fn by_rows(g: &Conv2dGeometry, len: usize) -> (bool, usize) {
     let row_lanes = ow.next_multiple_of(rows::unit());
     // By rows where that computes no more lanes than the wide length (one store per vector,
     // where a wide vector's pixels may span two or three rows), or where the wide vectors
-    // would span more rows than that (see `RowVectors::wide`).
-    let wp = ow + g.kernel[1] - 1;
-    let by_rows = oh * row_lanes <= len || 2 * wp < rows::unit();
+    // would span more rows than that (`rows::wide_fits`).
+    let by_rows = oh * row_lanes <= len || !rows::wide_fits(ow + g.kernel[1] - 1);
     (by_rows, row_lanes)
 }
 
