@@ -202,9 +202,24 @@ pub(super) fn conv2d_weight_grad(
     dy: &[f32],
 ) -> (Vec<f32>, Vec<f32>) {
     let wide = Wide::new(g);
-    super::cpu::sum_over_chunks(g.batch, |samples| {
-        weight_grad_chunk(g, &wide, x, dy, samples)
-    })
+    let chunk = super::cpu::WEIGHT_GRAD_CHUNK.min(g.batch);
+    let wide_dy_len = wide.c_out_padded * wide.len;
+    super::cpu::sum_over_chunks_with(
+        g.batch,
+        || ChunkBuffers {
+            inputs: Aligned::zeroed(chunk * wide.input_len),
+            grads: Aligned::zeroed(chunk * wide_dy_len),
+        },
+        |buffers, samples| weight_grad_chunk(g, &wide, x, dy, samples, buffers),
+    )
+}
+
+/// A pool task's buffers for [`weight_grad_chunk`]: a chunk's zero-padded inputs and wide
+/// output gradients. Every chunk writes only their values, at the same places, so the zeros
+/// around them are written once per task, not once per chunk.
+struct ChunkBuffers {
+    inputs: Aligned,
+    grads: Aligned,
 }
 
 /// Whether `g` runs by [`RowVectors`](rows::RowVectors).
@@ -302,14 +317,16 @@ fn weight_grad_chunk(
     x: &[f32],
     dy: &[f32],
     samples: std::ops::Range<usize>,
+    buffers: &mut ChunkBuffers,
 ) -> (Vec<f32>, Vec<f32>) {
     let count = samples.len();
-    let first = &x[samples.start * g.input_len()..];
-    let inputs = wide.pad_inputs(first, g.input_len(), count);
+    let x = &x[samples.start * g.input_len()..samples.end * g.input_len()];
+    let inputs = &mut buffers.inputs[..count * wide.input_len];
+    wide.pad_inputs(x, g.input_len(), inputs);
     let wide_dy_len = wide.c_out_padded * wide.len;
     let dy = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
     let db = super::cpu::chunk_bias_grad(dy, g.c_out, g.out_plane());
-    let mut grads = Aligned::zeroed(count * wide_dy_len);
+    let grads = &mut buffers.grads[..count * wide_dy_len];
     for (dy_n, buf) in dy
         .chunks_exact(g.output_len())
         .zip(grads.chunks_exact_mut(wide_dy_len))

@@ -19,7 +19,7 @@
 //! on AVX2; with the lists and streams of one vector of channels there, CNN2 trains 15–20%
 //! faster on one thread, `fl bench`, best of three alternating runs).
 
-use super::{Aligned, Conv2dGeometry, chunk_bias_grad, sum_over_chunks};
+use super::{Aligned, Conv2dGeometry, WEIGHT_GRAD_CHUNK, chunk_bias_grad, sum_over_chunks_with};
 use crate::kernels::direct::Wide;
 use crate::kernels::isa::{Isa, uses};
 
@@ -86,7 +86,23 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     }
     // The kernels read zero-padded copies of the inputs, in the direct kernels' layout.
     let wide = Wide::new(g);
-    sum_over_chunks(g.batch, |samples| chunk(g, &wide, x, dy, &classes, samples))
+    let most = WEIGHT_GRAD_CHUNK.min(g.batch);
+    sum_over_chunks_with(
+        g.batch,
+        || ChunkBuffers {
+            padded: Aligned::zeroed(most * wide.input_len),
+            streams: Aligned::zeroed(most * g.output_len()),
+        },
+        |buffers, samples| chunk(g, &wide, x, dy, &classes, samples, buffers),
+    )
+}
+
+/// A pool task's buffers for [`chunk`]: a chunk's zero-padded inputs, whose zeros every chunk
+/// leaves in place (it writes only the values, at the same places), and its output gradients
+/// in class streams, which every chunk writes whole. Neither is zeroed again per chunk.
+struct ChunkBuffers {
+    padded: Aligned,
+    streams: Aligned,
 }
 
 /// The weight and bias gradients of some consecutive samples.
@@ -97,6 +113,7 @@ fn chunk(
     dy: &[f32],
     classes: &[Vec<[usize; 2]>],
     samples: std::ops::Range<usize>,
+    buffers: &mut ChunkBuffers,
 ) -> (Vec<f32>, Vec<f32>) {
     let (pixels, taps) = (g.out_plane(), g.col_rows());
     let x = &x[samples.start * g.input_len()..samples.end * g.input_len()];
@@ -116,8 +133,11 @@ fn chunk(
         (false, true) => HALF_TILE,
         (false, false) => 16,
     };
-    let dy_t = class_streams(g, dy, classes, count, tile);
-    let padded = wide.pad_inputs(x, g.input_len(), count);
+    let dy_t = &mut buffers.streams[..dy.len()];
+    class_streams(g, dy, classes, count, tile, dy_t);
+    let padded = &mut buffers.padded[..count * wide.input_len];
+    wide.pad_inputs(x, g.input_len(), padded);
+    let (dy_t, padded) = (&*dy_t, &*padded);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `applies` checked the tier, a 3×3 or 5-wide kernel and whole channel tiles; the
     // buffers are sized from `g` and `wide` above and below.
@@ -138,8 +158,8 @@ fn chunk(
                 g,
                 wide,
                 count,
-                padded: &padded,
-                dy_t: &dy_t,
+                padded,
+                dy_t,
                 tile,
                 reads: &reads,
             };
@@ -156,8 +176,8 @@ fn chunk(
                 g,
                 wide,
                 count,
-                padded: &padded,
-                dy_t: &dy_t,
+                padded,
+                dy_t,
                 rows: &rows,
             };
             for co0 in (0..g.c_out).step_by(tile) {
@@ -237,10 +257,15 @@ impl KernelRows {
     }
 }
 
-/// Output gradients channel-minor, `[sample][pixel][c_out]`: a pixel's channels are vectors.
-pub(super) fn channel_minor(g: &Conv2dGeometry, dy: &[f32]) -> Aligned {
+/// Output gradients channel-minor, `[sample][pixel][c_out]` (a pixel's channels are vectors),
+/// into `dy_t`, every float of it written.
+pub(super) fn channel_minor(g: &Conv2dGeometry, dy: &[f32], dy_t: &mut [f32]) {
     let pixels = g.out_plane();
-    let mut dy_t = Aligned::zeroed(dy.len());
+    assert_eq!(
+        dy_t.len(),
+        dy.len(),
+        "channel-minor gradients: one float per output gradient"
+    );
     for (src, dst) in dy
         .chunks(g.output_len())
         .zip(dy_t.chunks_mut(g.output_len()))
@@ -251,21 +276,26 @@ pub(super) fn channel_minor(g: &Conv2dGeometry, dy: &[f32]) -> Aligned {
             }
         }
     }
-    dy_t
 }
 
 /// Output gradients in the order the kernels read them, one contiguous stream per channel tile
-/// of `tile` channels and lane class: `[channel tile][class][sample][pixel of the class][tile]`.
+/// of `tile` channels and lane class: `[channel tile][class][sample][pixel of the class][tile]`,
+/// every float of `streams` (as long as `dy`) written.
 fn class_streams(
     g: &Conv2dGeometry,
     dy: &[f32],
     classes: &[Vec<[usize; 2]>],
     count: usize,
     tile: usize,
-) -> Aligned {
+    streams: &mut [f32],
+) {
     let (pixels, ow) = (g.out_plane(), g.output[1]);
     let tile_len = count * pixels * tile;
-    let mut streams = Aligned::zeroed(dy.len());
+    assert_eq!(
+        streams.len(),
+        dy.len(),
+        "class streams: one float per output gradient"
+    );
     for (n, src) in dy.chunks(g.output_len()).enumerate() {
         let mut start = 0;
         for class in classes {
@@ -282,7 +312,6 @@ fn class_streams(
             start += class.len();
         }
     }
-    streams
 }
 
 /// The kernels, written once over [`Lanes16`](crate::kernels::lanes16::Lanes16) and compiled

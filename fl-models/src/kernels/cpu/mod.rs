@@ -105,7 +105,7 @@ pub use pool::{PoolGeometry, max_pool2d_backward, max_pool2d_forward};
 
 /// Samples per partial sum of the weight gradient (fixed, so the summation order, and hence the
 /// result, is the same with any number of threads).
-const WEIGHT_GRAD_CHUNK: usize = 8;
+pub(super) const WEIGHT_GRAD_CHUNK: usize = 8;
 
 /// Output pixels per gemm the im2col path aims for on small maps ([`Conv2dGeometry::group`]).
 const GROUP_PIXELS: usize = 512;
@@ -732,11 +732,27 @@ pub(super) fn chunk_bias_grad(dy: &[f32], c_out: usize, pixels: usize) -> Vec<f3
 /// added in order, so the result does not depend on the thread count.
 pub(super) fn sum_over_chunks<F>(batch: usize, chunk: F) -> (Vec<f32>, Vec<f32>)
 where
-    F: Fn(std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) + Sync,
+    F: Fn(std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) + Sync + Send,
+{
+    sum_over_chunks_with(batch, || (), |_, samples| chunk(samples))
+}
+
+/// [`sum_over_chunks`] with a scratch value that `init` makes per task of the pool and the
+/// chunks a task runs share: buffers whose zeros the chunks leave in place (padded copies
+/// written only where the values go) are zeroed once per task instead of once per chunk.
+pub(super) fn sum_over_chunks_with<T, I, F>(batch: usize, init: I, chunk: F) -> (Vec<f32>, Vec<f32>)
+where
+    I: Fn() -> T + Sync + Send,
+    F: Fn(&mut T, std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) + Sync + Send,
 {
     let partials: Vec<(Vec<f32>, Vec<f32>)> = (0..batch.div_ceil(WEIGHT_GRAD_CHUNK))
         .into_par_iter()
-        .map(|c| chunk(c * WEIGHT_GRAD_CHUNK..((c + 1) * WEIGHT_GRAD_CHUNK).min(batch)))
+        .map_init(init, |scratch, c| {
+            chunk(
+                scratch,
+                c * WEIGHT_GRAD_CHUNK..((c + 1) * WEIGHT_GRAD_CHUNK).min(batch),
+            )
+        })
         .collect();
     let mut parts = partials.into_iter();
     let (mut dw, mut db) = parts.next().expect("at least one chunk");

@@ -14,7 +14,7 @@
 //! path's bit for bit (a test compares them).
 
 use super::direct_wgrad::channel_minor;
-use super::{Conv2dGeometry, chunk_bias_grad, sum_over_chunks};
+use super::{Aligned, Conv2dGeometry, WEIGHT_GRAD_CHUNK, chunk_bias_grad, sum_over_chunks_with};
 use crate::kernels::direct::Wide;
 use crate::kernels::isa::{Isa, uses};
 
@@ -42,7 +42,23 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
 /// Weight and bias gradients, the same contract and bits as the im2col path's.
 pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let wide = Wide::new(g);
-    sum_over_chunks(g.batch, |samples| chunk(g, &wide, x, dy, samples))
+    let most = WEIGHT_GRAD_CHUNK.min(g.batch);
+    sum_over_chunks_with(
+        g.batch,
+        || ChunkBuffers {
+            padded: Aligned::zeroed(most * wide.input_len),
+            dy_t: Aligned::zeroed(most * g.output_len()),
+        },
+        |buffers, samples| chunk(g, &wide, x, dy, samples, buffers),
+    )
+}
+
+/// A pool task's buffers for [`chunk`]: a chunk's zero-padded inputs, whose zeros every chunk
+/// leaves in place (it writes only the values, at the same places), and its channel-minor output
+/// gradients, which every chunk writes whole. Neither is zeroed again per chunk.
+struct ChunkBuffers {
+    padded: Aligned,
+    dy_t: Aligned,
 }
 
 /// The weight and bias gradients of some consecutive samples.
@@ -52,13 +68,17 @@ fn chunk(
     x: &[f32],
     dy: &[f32],
     samples: std::ops::Range<usize>,
+    buffers: &mut ChunkBuffers,
 ) -> (Vec<f32>, Vec<f32>) {
     let x = &x[samples.start * g.input_len()..samples.end * g.input_len()];
     let dy = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
     let db = chunk_bias_grad(dy, g.c_out, g.out_plane());
-    let dy_t = channel_minor(g, dy);
+    let dy_t = &mut buffers.dy_t[..dy.len()];
+    channel_minor(g, dy, dy_t);
     let count = samples.len();
-    let padded = wide.pad_inputs(x, g.input_len(), count);
+    let padded = &mut buffers.padded[..count * wide.input_len];
+    wide.pad_inputs(x, g.input_len(), padded);
+    let (dy_t, padded) = (&*dy_t, &*padded);
     let mut dw = vec![0.0f32; g.c_out * g.col_rows()];
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `applies` checked the tier, a 5-wide kernel, stride 1 and whole channel tiles;
@@ -68,8 +88,8 @@ fn chunk(
             g,
             wide,
             count,
-            padded: &padded,
-            dy_t: &dy_t,
+            padded,
+            dy_t,
         };
         if uses(Isa::Avx512) {
             tiles::chunk_sums_avx512::<{ CHANNEL_TILE / 16 }>(&args, &mut dw);

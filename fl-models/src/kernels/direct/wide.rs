@@ -2,7 +2,7 @@
 //! shape, each tap's offset into it, and which kernels run it.
 
 use super::{LANES, gather, pack::channel_tile, rows};
-use crate::kernels::cpu::{Aligned, Conv2dGeometry};
+use crate::kernels::cpu::Conv2dGeometry;
 
 /// Wide output length per channel: `(oh − 1)·Wp + ow` with `Wp = ow + kw − 1`, rounded up to
 /// [`LANES`].
@@ -140,20 +140,22 @@ impl Wide {
         }
     }
 
-    /// Zero-padded copies of `count` consecutive samples (`x`, `sample_len` floats each), one
-    /// every `input_len` floats.
-    pub(in crate::kernels) fn pad_inputs(
-        &self,
-        x: &[f32],
-        sample_len: usize,
-        count: usize,
-    ) -> Aligned {
-        let mut padded = Aligned::zeroed(count * self.input_len);
-        for n in 0..count {
-            let buf = &mut padded[n * self.input_len..(n + 1) * self.input_len];
-            self.pad_input(&x[n * sample_len..(n + 1) * sample_len], buf);
+    /// Copies consecutive samples (`x`, `sample_len` floats each) into `buf`, one every
+    /// `input_len` floats, as [`Wide::pad_input`] does: only the values are written, so `buf`
+    /// must hold zeros everywhere else (a zeroed buffer written only by this function for the
+    /// same layout does, whatever the number of samples of each call).
+    pub(in crate::kernels) fn pad_inputs(&self, x: &[f32], sample_len: usize, buf: &mut [f32]) {
+        let count = x.len() / sample_len;
+        assert!(
+            count * sample_len == x.len() && buf.len() == count * self.input_len,
+            "padded inputs: one slot of `input_len` floats per sample"
+        );
+        for (x_n, slot) in x
+            .chunks_exact(sample_len)
+            .zip(buf.chunks_exact_mut(self.input_len))
+        {
+            self.pad_input(x_n, slot);
         }
-        padded
     }
 
     /// Spreads one sample's output gradient `[c_out, oh, ow]` into the wide layout. Like
