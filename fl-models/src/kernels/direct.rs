@@ -32,7 +32,7 @@
 //! gathers each input pixel's taps in registers (`direct/gather.rs`). Both keep the wide
 //! layout's sums. Sums run in a fixed order, so results do not depend on the thread count.
 
-use super::cpu::{Aligned, Conv2dGeometry};
+use super::cpu::{Aligned, Conv2dGeometry, WeightGradArgs};
 use rayon::prelude::*;
 
 /// Calls the entry point of the active tier, `$module::$avx512` or `$module::$avx2`, with the
@@ -196,11 +196,8 @@ fn input_grad_in(wide: &Wide, g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) ->
 }
 
 /// Weight and bias gradients (stride 1), the same contract as `cpu::conv2d_weight_grad`.
-pub(super) fn conv2d_weight_grad(
-    g: &Conv2dGeometry,
-    x: &[f32],
-    dy: &[f32],
-) -> (Vec<f32>, Vec<f32>) {
+pub(super) fn conv2d_weight_grad(args: WeightGradArgs) -> (Vec<f32>, Vec<f32>) {
+    let g = args.0;
     let wide = Wide::new(g);
     let chunk = super::cpu::WEIGHT_GRAD_CHUNK.min(g.batch);
     let wide_dy_len = wide.c_out_padded * wide.len;
@@ -210,7 +207,7 @@ pub(super) fn conv2d_weight_grad(
             inputs: Aligned::zeroed(chunk * wide.input_len),
             grads: Aligned::zeroed(chunk * wide_dy_len),
         },
-        |buffers, samples| weight_grad_chunk(g, &wide, x, dy, samples, buffers),
+        |buffers, samples| weight_grad_chunk(args, &wide, samples, buffers),
     )
 }
 
@@ -312,10 +309,8 @@ fn scatter_wide(layout: ScatterLayout, wide_dy: &[f32], packed: &[f32], dx: &mut
 
 /// The weight and bias gradients of some consecutive samples.
 fn weight_grad_chunk(
-    g: &Conv2dGeometry,
+    (g, x, dy, bias): WeightGradArgs,
     wide: &Wide,
-    x: &[f32],
-    dy: &[f32],
     samples: std::ops::Range<usize>,
     buffers: &mut ChunkBuffers,
 ) -> (Vec<f32>, Vec<f32>) {
@@ -325,7 +320,7 @@ fn weight_grad_chunk(
     wide.pad_inputs(x, g.input_len(), inputs);
     let wide_dy_len = wide.c_out_padded * wide.len;
     let dy = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
-    let db = super::cpu::chunk_bias_grad(dy, g.c_out, g.out_plane());
+    let db = super::cpu::chunk_bias_grad(bias, dy, g.c_out, g.out_plane());
     let grads = &mut buffers.grads[..count * wide_dy_len];
     for (dy_n, buf) in dy
         .chunks_exact(g.output_len())

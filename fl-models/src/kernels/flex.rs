@@ -41,12 +41,15 @@ pub trait CpuKernelOps: Backend {
         grad: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self>;
-    /// Gradients of [`fl_conv2d`](CpuKernelOps::fl_conv2d) with respect to its weight and bias.
+    /// Gradients of [`fl_conv2d`](CpuKernelOps::fl_conv2d) with respect to its weight and, if
+    /// `bias`, its bias (else the second tensor is empty: no pass over `grad` for a layer
+    /// without one).
     fn fl_conv2d_weight_backward(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         options: ConvOptions<2>,
+        bias: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
     /// 2-D max-pooling (no padding, no dilation, floor mode).
     fn fl_max_pool2d(x: FloatTensor<Self>, options: MaxPoolOptions<2>) -> FloatTensor<Self>;
@@ -361,11 +364,12 @@ impl CpuKernelOps for Flex {
         weight: FlexTensor,
         grad: FlexTensor,
         options: ConvOptions<2>,
+        bias: bool,
     ) -> (FlexTensor, FlexTensor) {
         let w_dims = dims4(&weight.shape());
         let g = conv_geometry(dims4(&x.shape()), w_dims, &options).expect(UNSUPPORTED);
         let (x, grad) = (contiguous(x), contiguous(grad));
-        let (dw, db) = cpu::conv2d_weight_grad(&g, slice(&x), slice(&grad));
+        let (dw, db) = cpu::conv2d_weight_grad_of(&g, slice(&x), slice(&grad), bias);
         (flex_tensor(dw, w_dims), flex_vector(db))
     }
 
@@ -474,7 +478,8 @@ fn conv_backward<B: Backend + CpuKernelOps>(
         grads.register::<B>(node, dx);
     }
     if node_weight.is_some() || node_bias.is_some() {
-        let (dw, db) = B::fl_conv2d_weight_backward(x, weight, grad, options);
+        let bias = node_bias.is_some();
+        let (dw, db) = B::fl_conv2d_weight_backward(x, weight, grad, options, bias);
         if let Some(node) = node_weight {
             grads.register::<B>(node, dw);
         }
@@ -660,6 +665,7 @@ impl<B: Backend + CpuKernelOps + MobileKernelOps, C: CheckpointStrategy> CpuKern
         _weight: FloatTensor<Self>,
         _grad: FloatTensor<Self>,
         _options: ConvOptions<2>,
+        _bias: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         unimplemented!("second-order gradients of the flex convolution kernels")
     }

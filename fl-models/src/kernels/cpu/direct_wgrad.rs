@@ -19,7 +19,10 @@
 //! on AVX2; with the lists and streams of one vector of channels there, CNN2 trains 15–20%
 //! faster on one thread, `fl bench`, best of three alternating runs).
 
-use super::{Aligned, Conv2dGeometry, WEIGHT_GRAD_CHUNK, chunk_bias_grad, sum_over_chunks_with};
+use super::{
+    Aligned, Conv2dGeometry, WEIGHT_GRAD_CHUNK, WeightGradArgs, chunk_bias_grad,
+    sum_over_chunks_with,
+};
 use crate::kernels::direct::Wide;
 use crate::kernels::isa::{Isa, uses};
 
@@ -72,7 +75,7 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
 }
 
 /// Weight and bias gradients, the same contract and bits as the direct kernels'.
-pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+pub(super) fn weight_grad((g, x, dy, bias): WeightGradArgs) -> (Vec<f32>, Vec<f32>) {
     let [oh, ow] = g.output;
     let wp = ow + g.kernel[1] - 1;
     // Each lane's real output pixels, in ascending wide position; the lanes in the order the
@@ -93,7 +96,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
             padded: Aligned::zeroed(most * wide.input_len),
             streams: Aligned::zeroed(most * g.output_len()),
         },
-        |buffers, samples| chunk(g, &wide, x, dy, &classes, samples, buffers),
+        |buffers, samples| chunk((g, x, dy, bias), &wide, &classes, samples, buffers),
     )
 }
 
@@ -107,10 +110,8 @@ struct ChunkBuffers {
 
 /// The weight and bias gradients of some consecutive samples.
 fn chunk(
-    g: &Conv2dGeometry,
+    (g, x, dy, bias): WeightGradArgs,
     wide: &Wide,
-    x: &[f32],
-    dy: &[f32],
     classes: &[Vec<[usize; 2]>],
     samples: std::ops::Range<usize>,
     buffers: &mut ChunkBuffers,
@@ -119,7 +120,7 @@ fn chunk(
     let x = &x[samples.start * g.input_len()..samples.end * g.input_len()];
     let dy = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
     // The bias gradient exactly as the direct kernels sum it.
-    let db = chunk_bias_grad(dy, g.c_out, pixels);
+    let db = chunk_bias_grad(bias, dy, g.c_out, pixels);
     let mut dw = vec![0.0f32; g.c_out * taps];
     let count = samples.len();
     let three = g.kernel == [3, 3];

@@ -700,24 +700,47 @@ fn input_grad_sample(
 
 /// Weight and bias gradients: `dW = Σₙ dy[n] · im2col(x[n])ᵀ`, `db = Σₙ Σ_pixels dy[n]`.
 pub fn conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    conv2d_weight_grad_of(g, x, dy, true)
+}
+
+/// [`conv2d_weight_grad`] for a layer with a bias (`bias`) or without one: then the bias
+/// gradient, a pass over `dy` that every path makes alongside the weight gradient, is skipped
+/// and comes back empty. The weight gradient is the same either way.
+pub fn conv2d_weight_grad_of(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    dy: &[f32],
+    bias: bool,
+) -> (Vec<f32>, Vec<f32>) {
     if g.batch == 0 || g.output_len() == 0 || g.input_len() == 0 {
-        return (vec![0.0; g.weight_len()], vec![0.0; g.c_out]);
+        return (
+            vec![0.0; g.weight_len()],
+            vec![0.0; if bias { g.c_out } else { 0 }],
+        );
     }
+    let args = (g, x, dy, bias);
     match WeightGradPath::of(g) {
-        WeightGradPath::DirectWithoutZeros => direct_wgrad::weight_grad(g, x, dy),
-        WeightGradPath::Direct => super::direct::conv2d_weight_grad(g, x, dy),
-        WeightGradPath::SmallMap => narrow::weight_grad(g, x, dy),
-        WeightGradPath::WithoutColumns => sample_wgrad::weight_grad(g, x, dy),
-        WeightGradPath::SinglePixel => single_pixel::weight_grad(g, x, dy),
-        WeightGradPath::Strided => strided::weight_grad(g, x, dy),
-        WeightGradPath::Im2col => im2col_conv2d_weight_grad(g, x, dy),
+        WeightGradPath::DirectWithoutZeros => direct_wgrad::weight_grad(args),
+        WeightGradPath::Direct => super::direct::conv2d_weight_grad(args),
+        WeightGradPath::SmallMap => narrow::weight_grad(args),
+        WeightGradPath::WithoutColumns => sample_wgrad::weight_grad(args),
+        WeightGradPath::SinglePixel => single_pixel::weight_grad(args),
+        WeightGradPath::Strided => strided::weight_grad(args),
+        WeightGradPath::Im2col => im2col_conv2d_weight_grad(args),
     }
 }
 
+/// A weight-gradient call's operands: the geometry, the inputs, the output gradients and
+/// whether the layer has a bias (whose gradient is summed only then).
+pub(super) type WeightGradArgs<'a> = (&'a Conv2dGeometry, &'a [f32], &'a [f32], bool);
+
 /// The bias gradient of some consecutive samples' output gradients `[samples, c_out, pixels]`:
 /// per sample, each channel's plane summed by [`sum`] and added on in sample order (the order
-/// every convolution path's chunks use).
-pub(super) fn chunk_bias_grad(dy: &[f32], c_out: usize, pixels: usize) -> Vec<f32> {
+/// every convolution path's chunks use); empty for a layer without a bias (`!bias`).
+pub(super) fn chunk_bias_grad(bias: bool, dy: &[f32], c_out: usize, pixels: usize) -> Vec<f32> {
+    if !bias {
+        return Vec::new();
+    }
     let mut db = vec![0.0f32; c_out];
     for dy_n in dy.chunks(c_out * pixels) {
         for (b, plane) in db.iter_mut().zip(dy_n.chunks(pixels)) {
@@ -774,8 +797,9 @@ where
 }
 
 /// [`conv2d_weight_grad`] by im2col + gemm.
-fn im2col_conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let (dw_t, db) = sum_over_chunks(g.batch, |samples| weight_grad_chunk(g, x, dy, samples));
+fn im2col_conv2d_weight_grad(args: WeightGradArgs) -> (Vec<f32>, Vec<f32>) {
+    let g = args.0;
+    let (dw_t, db) = sum_over_chunks(g.batch, |samples| weight_grad_chunk(args, samples));
     if !g.transposed_weight_grad() {
         return (dw_t, db);
     }
@@ -793,14 +817,12 @@ fn im2col_conv2d_weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<
 /// The weight and bias gradients of some consecutive samples.
 #[inline(never)]
 fn weight_grad_chunk(
-    g: &Conv2dGeometry,
-    x: &[f32],
-    dy: &[f32],
+    (g, x, dy, bias): WeightGradArgs,
     samples: std::ops::Range<usize>,
 ) -> (Vec<f32>, Vec<f32>) {
     let (rows, out_plane) = (g.col_rows(), g.out_plane());
     let mut dw_t = vec![0.0f32; g.weight_len()];
-    let mut db = vec![0.0f32; g.c_out];
+    let mut db = vec![0.0f32; if bias { g.c_out } else { 0 }];
     let mut col = g.col_buffer();
     let first = samples.start;
     // The transposed product takes its output gradient pixel-major, copied by blocks in

@@ -21,7 +21,7 @@
 
 use rayon::prelude::*;
 
-use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, chunk_bias_grad};
+use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, WeightGradArgs, chunk_bias_grad};
 use crate::kernels::isa::{Isa, uses};
 
 /// Floats per vector ([`Lanes16`](crate::kernels::lanes16::Lanes16): one AVX-512 register or
@@ -57,7 +57,7 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
 
 /// The weight gradient `[c_out, c_in·kh·kw]` and the bias gradient: the same bits as
 /// `cpu::im2col_conv2d_weight_grad`.
-pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+pub(super) fn weight_grad((g, x, dy, bias): WeightGradArgs) -> (Vec<f32>, Vec<f32>) {
     let (rows, pixels) = (g.col_rows(), g.out_plane());
     let stride = rows.next_multiple_of(ROW_TILE);
     let layout = Layout::new(g);
@@ -101,7 +101,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     // The bias gradient through the im2col path's own chunking (no weight partials).
     let (_, db) = super::sum_over_chunks(g.batch, |samples| {
         let dy_chunk = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
-        (Vec::new(), chunk_bias_grad(dy_chunk, g.c_out, pixels))
+        (Vec::new(), chunk_bias_grad(bias, dy_chunk, g.c_out, pixels))
     });
     // The output gradients in the same way, `[c_out / CHANNEL_TILE][batch][pixels]
     // [CHANNEL_TILE]` (zeros past `c_out`): a channel tile's values, one stream.

@@ -50,6 +50,7 @@ impl PassPath {
 }
 
 /// The kernels that run a convolution's weight gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum WeightGradPath {
     /// The direct kernels' sums without their zero products (`direct_wgrad.rs`).
     DirectWithoutZeros,

@@ -14,7 +14,10 @@
 //! path's bit for bit (a test compares them).
 
 use super::direct_wgrad::channel_minor;
-use super::{Aligned, Conv2dGeometry, WEIGHT_GRAD_CHUNK, chunk_bias_grad, sum_over_chunks_with};
+use super::{
+    Aligned, Conv2dGeometry, WEIGHT_GRAD_CHUNK, WeightGradArgs, chunk_bias_grad,
+    sum_over_chunks_with,
+};
 use crate::kernels::direct::Wide;
 use crate::kernels::isa::{Isa, uses};
 
@@ -40,7 +43,7 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
 }
 
 /// Weight and bias gradients, the same contract and bits as the im2col path's.
-pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+pub(super) fn weight_grad((g, x, dy, bias): WeightGradArgs) -> (Vec<f32>, Vec<f32>) {
     let wide = Wide::new(g);
     let most = WEIGHT_GRAD_CHUNK.min(g.batch);
     sum_over_chunks_with(
@@ -49,7 +52,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
             padded: Aligned::zeroed(most * wide.input_len),
             dy_t: Aligned::zeroed(most * g.output_len()),
         },
-        |buffers, samples| chunk(g, &wide, x, dy, samples, buffers),
+        |buffers, samples| chunk((g, x, dy, bias), &wide, samples, buffers),
     )
 }
 
@@ -63,16 +66,14 @@ struct ChunkBuffers {
 
 /// The weight and bias gradients of some consecutive samples.
 fn chunk(
-    g: &Conv2dGeometry,
+    (g, x, dy, bias): WeightGradArgs,
     wide: &Wide,
-    x: &[f32],
-    dy: &[f32],
     samples: std::ops::Range<usize>,
     buffers: &mut ChunkBuffers,
 ) -> (Vec<f32>, Vec<f32>) {
     let x = &x[samples.start * g.input_len()..samples.end * g.input_len()];
     let dy = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
-    let db = chunk_bias_grad(dy, g.c_out, g.out_plane());
+    let db = chunk_bias_grad(bias, dy, g.c_out, g.out_plane());
     let dy_t = &mut buffers.dy_t[..dy.len()];
     channel_minor(g, dy, dy_t);
     let count = samples.len();

@@ -13,7 +13,7 @@
 
 use rayon::prelude::*;
 
-use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, chunk_bias_grad, sum_over_chunks};
+use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, WeightGradArgs, chunk_bias_grad, sum_over_chunks};
 
 /// Output channels per parallel task.
 const CHANNELS_PER_TASK: usize = 16;
@@ -25,7 +25,7 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
 }
 
 /// Weight and bias gradients, the same contract and bits as the im2col path's.
-pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+pub(super) fn weight_grad((g, x, dy, bias): WeightGradArgs) -> (Vec<f32>, Vec<f32>) {
     let (batch, c_in, c_out) = (g.batch, g.c_in, g.c_out);
     let ([kh, kw], [h, w]) = (g.kernel, g.input);
     let (taps, rows) = (kh * kw, g.col_rows());
@@ -61,7 +61,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
     let zeros = vec![0.0f32; batch];
     let (_, db) = sum_over_chunks(batch, |s| {
         let dy_chunk = &dy[s.start * c_out..s.end * c_out];
-        (Vec::new(), chunk_bias_grad(dy_chunk, c_out, 1))
+        (Vec::new(), chunk_bias_grad(bias, dy_chunk, c_out, 1))
     });
     let mut dw = vec![0.0f32; c_out * rows];
     dw.par_chunks_mut(CHANNELS_PER_TASK * rows)

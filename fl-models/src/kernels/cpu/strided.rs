@@ -27,7 +27,9 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 use super::columns::transpose;
-use super::{Aligned, Conv2dGeometry, chunk_bias_grad, gemm_depth_block, sum_over_chunks};
+use super::{
+    Aligned, Conv2dGeometry, WeightGradArgs, chunk_bias_grad, gemm_depth_block, sum_over_chunks,
+};
 use crate::kernels::isa::{Isa, uses};
 
 /// Floats per vector: the widest output row this kernel takes.
@@ -162,9 +164,10 @@ pub(super) fn weight_grad_applies(g: &Conv2dGeometry) -> bool {
 /// Weight and bias gradients, the same contract and bits as the im2col path's: per sample of
 /// a chunk, each element a chain over the pixels in gemm's depth blocks from +0, stored (the
 /// chunk's first sample's first block) or added on; the chunks added in order.
-pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+pub(super) fn weight_grad(args: WeightGradArgs) -> (Vec<f32>, Vec<f32>) {
+    let g = args.0;
     let kc = gemm_depth_block(g.c_out, g.col_rows(), g.out_plane());
-    let (dw_t, db) = sum_over_chunks(g.batch, |samples| weight_grad_chunk(g, x, dy, samples, kc));
+    let (dw_t, db) = sum_over_chunks(g.batch, |samples| weight_grad_chunk(args, samples, kc));
     // From `[rows, c_out]` (output channels in the vectors) to the weight's `[c_out, rows]`.
     let mut dw = vec![0.0; g.weight_len()];
     transpose([g.col_rows(), g.c_out], &dw_t, &mut dw);
@@ -173,9 +176,7 @@ pub(super) fn weight_grad(g: &Conv2dGeometry, x: &[f32], dy: &[f32]) -> (Vec<f32
 
 /// The weight gradient (`[rows, c_out]`) and bias gradient of some consecutive samples.
 fn weight_grad_chunk(
-    g: &Conv2dGeometry,
-    x: &[f32],
-    dy: &[f32],
+    (g, x, dy, bias): WeightGradArgs,
     samples: std::ops::Range<usize>,
     kc: usize,
 ) -> (Vec<f32>, Vec<f32>) {
@@ -200,7 +201,7 @@ fn weight_grad_chunk(
         unreachable!("{kc} {phases:?}: AVX-512 only");
     }
     let dy = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
-    (dw_t, chunk_bias_grad(dy, g.c_out, g.out_plane()))
+    (dw_t, chunk_bias_grad(bias, dy, g.c_out, g.out_plane()))
 }
 
 #[cfg(target_arch = "x86_64")]

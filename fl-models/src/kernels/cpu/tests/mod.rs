@@ -134,7 +134,7 @@ fn direct_and_im2col_convolutions_agree() {
             &im2col_conv2d_input_grad(&g, &w, &dy),
         );
         let (dw, db) = conv2d_weight_grad(&g, &x, &dy);
-        let (dw_ref, db_ref) = im2col_conv2d_weight_grad(&g, &x, &dy);
+        let (dw_ref, db_ref) = im2col_conv2d_weight_grad((&g, &x, &dy, true));
         close(&dw, &dw_ref);
         close(&db, &db_ref);
     }

@@ -31,7 +31,7 @@ fn small_map_weight_gradients_are_gemms_bits() {
             let x = values(g.batch * g.input_len(), 21);
             let dy = values(g.batch * g.output_len(), 22);
             let (dw, db) = conv2d_weight_grad(g, &x, &dy);
-            let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
+            let (dw_ref, db_ref) = im2col_conv2d_weight_grad((g, &x, &dy, true));
             assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
             assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
         }
@@ -225,7 +225,7 @@ fn direct_weight_gradients_without_their_zero_products_keep_their_bits() {
             let x = values(g.batch * g.input_len(), 41);
             let dy = values(g.batch * g.output_len(), 42);
             let (dw, db) = conv2d_weight_grad(g, &x, &dy);
-            let (dw_ref, db_ref) = crate::kernels::direct::conv2d_weight_grad(g, &x, &dy);
+            let (dw_ref, db_ref) = crate::kernels::direct::conv2d_weight_grad((g, &x, &dy, true));
             assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
             assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
         }
@@ -252,7 +252,7 @@ fn weight_gradients_without_the_column_matrix_keep_the_im2col_bits() {
             let x = values(g.batch * g.input_len(), 43);
             let dy = values(g.batch * g.output_len(), 44);
             let (dw, db) = conv2d_weight_grad(g, &x, &dy);
-            let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
+            let (dw_ref, db_ref) = im2col_conv2d_weight_grad((g, &x, &dy, true));
             assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
             assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
         }
@@ -391,7 +391,7 @@ fn weight_gradients_pixel_major_keep_gemms_bits() {
         for g in &shapes {
             let x = values(g.batch * g.input_len(), 81);
             let dy = values(g.batch * g.output_len(), 82);
-            let (dw_t, db) = weight_grad_chunk(g, &x, &dy, 0..g.batch);
+            let (dw_t, db) = weight_grad_chunk((g, &x, &dy, true), 0..g.batch);
             // gemm on the channel-major output gradient.
             let mut want = vec![0.0f32; g.weight_len()];
             let mut col = g.col_buffer();
@@ -443,7 +443,7 @@ fn single_pixel_weight_gradients_keep_the_im2col_bits() {
             dy_neg[g.c_out + 1] = f32::INFINITY;
             for dy in [&dy, &dy_neg] {
                 let (dw, db) = conv2d_weight_grad(g, &x, dy);
-                let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, dy);
+                let (dw_ref, db_ref) = im2col_conv2d_weight_grad((g, &x, dy, true));
                 assert_same_bits(&dw, &dw_ref, format!("{isa:?} {g:?}: weight gradient"));
                 assert_same_bits(&db, &db_ref, format!("{isa:?} {g:?}: bias gradient"));
             }
@@ -498,7 +498,7 @@ fn direct_kernels_compute_their_documented_chains() {
                 &chains.input_grad(),
                 what("input gradient"),
             );
-            let (dw, _) = direct::conv2d_weight_grad(g, &x, &dy);
+            let (dw, _) = direct::conv2d_weight_grad((g, &x, &dy, true));
             assert_same_bits(&dw, &chains.weight_grad(), what("weight gradient"));
         }
     });
@@ -693,7 +693,7 @@ fn stride_two_convolutions_from_the_planes_keep_the_im2col_bits() {
             let x = values(g.batch * g.input_len(), 55);
             let dy = values(g.batch * g.output_len(), 56);
             let (dw, db) = conv2d_weight_grad(g, &x, &dy);
-            let (dw_ref, db_ref) = im2col_conv2d_weight_grad(g, &x, &dy);
+            let (dw_ref, db_ref) = im2col_conv2d_weight_grad((g, &x, &dy, true));
             assert_same_bits(&dw, &dw_ref, format!("{g:?}: weight gradient"));
             assert_same_bits(&db, &db_ref, format!("{g:?}: bias gradient"));
         }
@@ -703,6 +703,44 @@ fn stride_two_convolutions_from_the_planes_keep_the_im2col_bits() {
             geometry([3, 16, 40, 40], [32, 3, 3], [2, 2], [(1, 1), (1, 1)]),
         ] {
             assert!(matches!(PassPath::of(&g, None), PassPath::Im2col), "{g:?}");
+        }
+    });
+}
+
+#[test]
+fn weight_gradients_without_a_bias_skip_only_its_sums() {
+    // A layer of each weight-gradient path (on AVX-512; fewer take their own path below it),
+    // batches with a short last chunk: without a bias, the same weight gradient bit for bit
+    // and no bias gradient.
+    let shapes = [
+        geometry([10, 16, 8, 8], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([10, 16, 32, 32], [16, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([11, 32, 2, 2], [40, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([9, 128, 7, 7], [128, 5, 5], [1, 1], [(2, 2), (2, 2)]),
+        geometry([9, 16, 1, 1], [32, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([9, 16, 32, 32], [32, 3, 3], [2, 2], [(1, 1), (1, 1)]),
+        geometry([10, 24, 8, 8], [48, 1, 1], [1, 1], [(0, 0), (0, 0)]),
+    ];
+    at_every_isa(|isa| {
+        let mut paths = Vec::new();
+        for g in &shapes {
+            let path = WeightGradPath::of(g);
+            if !paths.contains(&path) {
+                paths.push(path);
+            }
+            let x = values(g.batch * g.input_len(), 31);
+            let dy = values(g.batch * g.output_len(), 32);
+            let (dw, db) = conv2d_weight_grad(g, &x, &dy);
+            let (dw_alone, db_alone) = conv2d_weight_grad_of(g, &x, &dy, false);
+            assert_eq!(db.len(), g.c_out, "{g:?}: bias gradient");
+            assert!(
+                db_alone.is_empty(),
+                "{g:?} ({path:?}): no bias, no bias gradient"
+            );
+            assert_same_bits(&dw_alone, &dw, format!("{g:?} ({path:?}): weight gradient"));
+        }
+        if isa == Isa::Avx512 {
+            assert_eq!(paths.len(), 7, "one layer per path: {paths:?}");
         }
     });
 }
