@@ -32,7 +32,7 @@
 //! gathers each input pixel's taps in registers (`direct/gather.rs`). Both keep the wide
 //! layout's sums. Sums run in a fixed order, so results do not depend on the thread count.
 
-use super::cpu::{Aligned, Conv2dGeometry, WeightGradArgs};
+use super::cpu::{Aligned, ChunkBuffers, Conv2dGeometry, WeightGradArgs};
 use rayon::prelude::*;
 
 /// Calls the entry point of the active tier, `$module::$avx512` or `$module::$avx2`, with the
@@ -199,24 +199,13 @@ fn input_grad_in(wide: &Wide, g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) ->
 pub(super) fn conv2d_weight_grad(args: WeightGradArgs) -> (Vec<f32>, Vec<f32>) {
     let g = args.0;
     let wide = Wide::new(g);
-    let chunk = super::cpu::WEIGHT_GRAD_CHUNK.min(g.batch);
+    // The wide output gradients keep their zeros too (`widen` writes only the values).
     let wide_dy_len = wide.c_out_padded * wide.len;
     super::cpu::sum_over_chunks_with(
         g.batch,
-        || ChunkBuffers {
-            inputs: Aligned::zeroed(chunk * wide.input_len),
-            grads: Aligned::zeroed(chunk * wide_dy_len),
-        },
+        || ChunkBuffers::for_chunks(g.batch, wide.input_len, wide_dy_len),
         |buffers, samples| weight_grad_chunk(args, &wide, samples, buffers),
     )
-}
-
-/// A pool task's buffers for [`weight_grad_chunk`]: a chunk's zero-padded inputs and wide
-/// output gradients. Every chunk writes only their values, at the same places, so the zeros
-/// around them are written once per task, not once per chunk.
-struct ChunkBuffers {
-    inputs: Aligned,
-    grads: Aligned,
 }
 
 /// Whether `g` runs by [`RowVectors`](rows::RowVectors).

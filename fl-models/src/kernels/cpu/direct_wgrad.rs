@@ -19,10 +19,7 @@
 //! on AVX2; with the lists and streams of one vector of channels there, CNN2 trains 15–20%
 //! faster on one thread, `fl bench`, best of three alternating runs).
 
-use super::{
-    Aligned, Conv2dGeometry, WEIGHT_GRAD_CHUNK, WeightGradArgs, chunk_bias_grad,
-    sum_over_chunks_with,
-};
+use super::{ChunkBuffers, Conv2dGeometry, WeightGradArgs, chunk_bias_grad, sum_over_chunks_with};
 use crate::kernels::direct::Wide;
 use crate::kernels::isa::{Isa, uses};
 
@@ -89,23 +86,12 @@ pub(super) fn weight_grad((g, x, dy, bias): WeightGradArgs) -> (Vec<f32>, Vec<f3
     }
     // The kernels read zero-padded copies of the inputs, in the direct kernels' layout.
     let wide = Wide::new(g);
-    let most = WEIGHT_GRAD_CHUNK.min(g.batch);
+    // The output gradients go into class streams, written whole by every chunk.
     sum_over_chunks_with(
         g.batch,
-        || ChunkBuffers {
-            padded: Aligned::zeroed(most * wide.input_len),
-            streams: Aligned::zeroed(most * g.output_len()),
-        },
+        || ChunkBuffers::for_chunks(g.batch, wide.input_len, g.output_len()),
         |buffers, samples| chunk((g, x, dy, bias), &wide, &classes, samples, buffers),
     )
-}
-
-/// A pool task's buffers for [`chunk`]: a chunk's zero-padded inputs, whose zeros every chunk
-/// leaves in place (it writes only the values, at the same places), and its output gradients
-/// in class streams, which every chunk writes whole. Neither is zeroed again per chunk.
-struct ChunkBuffers {
-    padded: Aligned,
-    streams: Aligned,
 }
 
 /// The weight and bias gradients of some consecutive samples.
@@ -134,9 +120,9 @@ fn chunk(
         (false, true) => HALF_TILE,
         (false, false) => 16,
     };
-    let dy_t = &mut buffers.streams[..dy.len()];
+    let dy_t = &mut buffers.grads[..dy.len()];
     class_streams(g, dy, classes, count, tile, dy_t);
-    let padded = &mut buffers.padded[..count * wide.input_len];
+    let padded = &mut buffers.inputs[..count * wide.input_len];
     wide.pad_inputs(x, g.input_len(), padded);
     let (dy_t, padded) = (&*dy_t, &*padded);
     #[cfg(target_arch = "x86_64")]

@@ -14,10 +14,7 @@
 //! path's bit for bit (a test compares them).
 
 use super::direct_wgrad::channel_minor;
-use super::{
-    Aligned, Conv2dGeometry, WEIGHT_GRAD_CHUNK, WeightGradArgs, chunk_bias_grad,
-    sum_over_chunks_with,
-};
+use super::{ChunkBuffers, Conv2dGeometry, WeightGradArgs, chunk_bias_grad, sum_over_chunks_with};
 use crate::kernels::direct::Wide;
 use crate::kernels::isa::{Isa, uses};
 
@@ -45,23 +42,12 @@ pub(super) fn applies(g: &Conv2dGeometry) -> bool {
 /// Weight and bias gradients, the same contract and bits as the im2col path's.
 pub(super) fn weight_grad((g, x, dy, bias): WeightGradArgs) -> (Vec<f32>, Vec<f32>) {
     let wide = Wide::new(g);
-    let most = WEIGHT_GRAD_CHUNK.min(g.batch);
+    // The output gradients go channel-minor, written whole by every chunk.
     sum_over_chunks_with(
         g.batch,
-        || ChunkBuffers {
-            padded: Aligned::zeroed(most * wide.input_len),
-            dy_t: Aligned::zeroed(most * g.output_len()),
-        },
+        || ChunkBuffers::for_chunks(g.batch, wide.input_len, g.output_len()),
         |buffers, samples| chunk((g, x, dy, bias), &wide, samples, buffers),
     )
-}
-
-/// A pool task's buffers for [`chunk`]: a chunk's zero-padded inputs, whose zeros every chunk
-/// leaves in place (it writes only the values, at the same places), and its channel-minor output
-/// gradients, which every chunk writes whole. Neither is zeroed again per chunk.
-struct ChunkBuffers {
-    padded: Aligned,
-    dy_t: Aligned,
 }
 
 /// The weight and bias gradients of some consecutive samples.
@@ -74,10 +60,10 @@ fn chunk(
     let x = &x[samples.start * g.input_len()..samples.end * g.input_len()];
     let dy = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
     let db = chunk_bias_grad(bias, dy, g.c_out, g.out_plane());
-    let dy_t = &mut buffers.dy_t[..dy.len()];
+    let dy_t = &mut buffers.grads[..dy.len()];
     channel_minor(g, dy, dy_t);
     let count = samples.len();
-    let padded = &mut buffers.padded[..count * wide.input_len];
+    let padded = &mut buffers.inputs[..count * wide.input_len];
     wide.pad_inputs(x, g.input_len(), padded);
     let (dy_t, padded) = (&*dy_t, &*padded);
     let mut dw = vec![0.0f32; g.c_out * g.col_rows()];

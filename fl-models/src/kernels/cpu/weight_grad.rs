@@ -5,8 +5,8 @@
 use rayon::prelude::*;
 
 use super::{
-    Conv2dGeometry, FILL_CHUNK, WEIGHT_GRAD_CHUNK, WeightGradPath, direct_wgrad, im2col, matmul,
-    narrow, par_zeroed, sample_wgrad, single_pixel, strided, sum,
+    Aligned, Conv2dGeometry, FILL_CHUNK, WEIGHT_GRAD_CHUNK, WeightGradPath, direct_wgrad, im2col,
+    matmul, narrow, par_zeroed, sample_wgrad, single_pixel, strided, sum,
 };
 
 /// Weight and bias gradients: `dW = Σₙ dy[n] · im2col(x[n])ᵀ`, `db = Σₙ Σ_pixels dy[n]`.
@@ -114,6 +114,29 @@ where
         db.iter_mut().zip(pb).for_each(|(a, b)| *a += b);
     }
     (dw, db)
+}
+
+/// A pool task's scratch for the weight gradients that copy each chunk into their own layout
+/// ([`sum_over_chunks_with`]'s `init`): the chunk's zero-padded inputs and its output gradients.
+/// Every chunk writes only values into them, at the same places (or every float), so the zeros
+/// around the values are written once per task, not once per chunk; a shorter last chunk uses
+/// the front of each buffer.
+pub(in crate::kernels) struct ChunkBuffers {
+    /// Zero-padded inputs, `input_len` floats per sample.
+    pub(in crate::kernels) inputs: Aligned,
+    /// Output gradients in the kernel's layout, `grads_len` floats per sample.
+    pub(in crate::kernels) grads: Aligned,
+}
+
+impl ChunkBuffers {
+    /// Zeroed buffers for chunks of up to [`WEIGHT_GRAD_CHUNK`] samples of a batch of `batch`.
+    pub(in crate::kernels) fn for_chunks(batch: usize, input_len: usize, grads_len: usize) -> Self {
+        let samples = WEIGHT_GRAD_CHUNK.min(batch);
+        Self {
+            inputs: Aligned::zeroed(samples * input_len),
+            grads: Aligned::zeroed(samples * grads_len),
+        }
+    }
 }
 
 /// [`conv2d_weight_grad`] by im2col + gemm.
