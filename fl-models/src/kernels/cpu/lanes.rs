@@ -212,32 +212,6 @@ fn to_lanes(
     unsafe { Aligned::written_whole(batch.div_ceil(LANES) * per_sample * LANES, fill) }
 }
 
-/// The inverse of [`to_lanes`] for tiled results `[tiles][groups][pixels][TILE][LANES]`, a
-/// group per task (transposed in registers like [`to_lanes`]), with room for `spare` more floats.
-fn from_lanes(tiled: &[f32], [batch, channels, pixels]: [usize; 3], spare: usize) -> Vec<f32> {
-    let tile_stride = batch.div_ceil(LANES) * pixels * TILE * LANES;
-    let fill = |out: &mut [MaybeUninit<f32>]| {
-        out.par_chunks_mut(LANES * channels * pixels)
-            .enumerate()
-            .for_each(|(group, dst)| {
-                let src = &tiled[group * pixels * TILE * LANES..];
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: this kernel runs only where `applies` checked the tier; `src` starts at
-                // the group's first tile, the others `tile_stride` floats apart, for `dst`'s
-                // samples.
-                unsafe {
-                    if uses(Isa::Avx512) {
-                        tiles::from_lanes_avx512(src, [channels, pixels], tile_stride, dst);
-                    } else {
-                        tiles::from_lanes_avx2(src, [channels, pixels], tile_stride, dst);
-                    }
-                }
-            })
-    };
-    // SAFETY: each group's task writes every float of its samples (`from_lanes_group`).
-    unsafe { written_whole_with_spare(batch * channels * pixels, spare, fill) }
-}
-
 /// The forward pass, the same contract and bits as `cpu::conv2d_forward` (with `order` from
 /// [`Order::for_geometry`]).
 pub(super) fn forward(
@@ -370,8 +344,13 @@ fn input_grad_groups<const V: usize>(
 
 /// Runs `task(group, tile, out)` on the thread pool for every pair of groups of [`LANES`]
 /// samples (the last one alone where their count is odd) and tile of `channels`, each writing
-/// the whole of its own `[samples][pixels][TILE][LANES]` block (one or two groups of samples),
-/// and returns the blocks as `[batch, channels, pixels]`, with room for `spare` more floats.
+/// the whole of a `[groups][pixels][TILE][LANES]` block (one or two groups of samples) into
+/// its thread's scratch, which the same task then transposes into its samples' tile of
+/// channels of the result `[batch, channels, pixels]` (with room for `spare` more floats).
+///
+/// Transposing in the task, from a block still in cache, spares a pass over a tiled copy of
+/// the whole result and a parallel region (whose three tasks for batches of 50, on two
+/// threads, left one waiting for a third of it).
 ///
 /// # Safety
 /// `task` writes every float of the block it is given.
@@ -381,22 +360,79 @@ unsafe fn per_tile(
     task: impl Fn(usize, usize, &mut [MaybeUninit<f32>]) + Sync,
 ) -> Vec<f32> {
     let (groups, tiles) = (batch.div_ceil(LANES), channels.div_ceil(TILE));
+    let pairs = groups.div_ceil(PAIR);
     let group_len = pixels * TILE * LANES;
-    // Tile-major, so a task's groups are one contiguous block.
     let fill = |out: &mut [MaybeUninit<f32>]| {
-        out.par_chunks_mut(groups * group_len)
+        if out.is_empty() {
+            return;
+        }
+        // Each task's parts of the result, tile-major: its tile's channels of each sample of
+        // its groups.
+        let mut parts: Vec<Vec<&mut [MaybeUninit<f32>]>> = (0..tiles * pairs)
+            .map(|_| Vec::with_capacity(PAIR * LANES))
+            .collect();
+        for (sample, planes) in out.chunks_mut(channels * pixels).enumerate() {
+            for (tile, part) in planes.chunks_mut(TILE * pixels).enumerate() {
+                parts[tile * pairs + sample / (PAIR * LANES)].push(part);
+            }
+        }
+        parts
+            .into_par_iter()
             .enumerate()
-            .flat_map(|(tile, blocks)| {
-                blocks
-                    .par_chunks_mut(PAIR * group_len)
-                    .enumerate()
-                    .map(move |(pair, dst)| (PAIR * pair, tile, dst))
+            .for_each(|(i, mut parts)| {
+                let (tile, group) = (i / pairs, PAIR * (i % pairs));
+                let len = (groups - group).min(PAIR) * group_len;
+                with_scratch(len, |block| {
+                    task(group, tile, &mut *block);
+                    // SAFETY: `block` is initialised memory (see `with_scratch`), which `task`
+                    // wrote whole with `f32` values.
+                    let block: &[f32] =
+                        unsafe { &*(block as *const [MaybeUninit<f32>] as *const [f32]) };
+                    for (src, samples) in block.chunks(group_len).zip(parts.chunks_mut(LANES)) {
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: this kernel runs only where `applies` checked the tier; `src`
+                        // is one group's block of the tile, `samples` that group's parts.
+                        unsafe {
+                            if uses(Isa::Avx512) {
+                                tiles::from_lanes_avx512(src, pixels, samples);
+                            } else {
+                                tiles::from_lanes_avx2(src, pixels, samples);
+                            }
+                        }
+                    }
+                })
             })
-            .for_each(|(group, tile, dst)| task(group, tile, dst))
     };
-    // SAFETY: the blocks cover the buffer, and `task` writes each whole (the caller's contract).
-    let out = unsafe { Aligned::written_whole(tiles * groups * group_len, fill) };
-    from_lanes(&out, [batch, channels, pixels], spare)
+    // SAFETY: the parts cover the result, and each task writes every float of its parts
+    // (`from_lanes_tile`).
+    unsafe { written_whole_with_spare(batch * channels * pixels, spare, fill) }
+}
+
+thread_local! {
+    /// This thread's scratch for [`per_tile`]'s blocks, kept between calls (a fresh one each
+    /// time would take its page faults again).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `len` floats of this thread's scratch, starting at a cache line (a fresh
+/// buffer where the scratch is in use further up this thread's stack). The floats are
+/// initialised memory holding earlier values: `f` may only write `f32` values into them.
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [MaybeUninit<f32>]) -> R) -> R {
+    let run = |buf: &mut Vec<f32>| {
+        let spare = 64 / size_of::<f32>();
+        if buf.len() < len + spare {
+            buf.resize(len + spare, 0.0);
+        }
+        let start = buf.as_ptr().align_offset(64).min(spare - 1);
+        let window = &mut buf[start..start + len];
+        // SAFETY: `MaybeUninit<f32>` has `f32`'s layout; the floats are initialised, and `f`
+        // writes only `f32` values (the contract above).
+        f(unsafe { &mut *(window as *mut [f32] as *mut [MaybeUninit<f32>]) })
+    };
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => run(&mut buf),
+        Err(_) => run(&mut Vec::new()),
+    })
 }
 
 /// The input gradient, the same contract and bits as `cpu::conv2d_input_grad`.

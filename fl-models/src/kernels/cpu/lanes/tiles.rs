@@ -15,8 +15,7 @@ tier_entries!(to_lanes_avx512, to_lanes_avx2 =>
     to_lanes_group<>(src: &[f32], per_sample: usize, dst: &mut [MaybeUninit<f32>],
         at: impl Fn(usize) -> usize));
 tier_entries!(from_lanes_avx512, from_lanes_avx2 =>
-    from_lanes_group<>(src: &[f32], shape: [usize; 2], tile_stride: usize,
-        dst: &mut [MaybeUninit<f32>]));
+    from_lanes_tile<>(src: &[f32], pixels: usize, dst: &mut [&mut [MaybeUninit<f32>]]));
 tier_entries!(forward_avx512, forward_avx2 =>
     forward_tile<const V, const PART, const REST>(g: &Conv2dGeometry, order: Order, x: [&[f32]; V],
         w: &[f32], bias: &[f32], out: &mut [MaybeUninit<f32>]));
@@ -60,43 +59,41 @@ unsafe fn to_lanes_group<L: Lanes16>(
     }
 }
 
-/// One group of [`super::from_lanes`]: `src` holds the group's tiles `[pixels][TILE][LANES]`,
-/// `tile_stride` floats apart, `dst` 1–16 samples `[channels][pixels]`, each float written
-/// once (the output is not zeroed first).
+/// One group's tile of [`super::per_tile`]: `src` holds the group's `[pixels][TILE][LANES]`
+/// block of the tile, `dst` one part per sample (1–16 of them), each the tile's 1–16 channels
+/// `[channels][pixels]`; each float written once (the result is not zeroed first).
 ///
 /// # Safety
-/// `L`'s tier; `src` holds `(channels.div_ceil(TILE) − 1) · tile_stride + pixels · TILE ·
-/// LANES` floats and `dst.len()` is a multiple of `channels · pixels` of at most 16 samples.
+/// `L`'s tier; the lengths are checked.
 #[inline(always)]
-unsafe fn from_lanes_group<L: Lanes16>(
+unsafe fn from_lanes_tile<L: Lanes16>(
     src: &[f32],
-    [channels, pixels]: [usize; 2],
-    tile_stride: usize,
-    dst: &mut [MaybeUninit<f32>],
+    pixels: usize,
+    dst: &mut [&mut [MaybeUninit<f32>]],
 ) {
-    let per_sample = channels * pixels;
-    let count = dst.len() / per_sample;
-    assert!(count <= LANES && count * per_sample == dst.len() && channels > 0);
-    assert!(src.len() >= (channels.div_ceil(TILE) - 1) * tile_stride + pixels * TILE * LANES);
+    let per_sample = dst.first().map_or(0, |d| d.len());
+    let channels = per_sample / pixels.max(1);
+    assert!((1..=LANES).contains(&dst.len()) && (1..=TILE).contains(&channels));
+    assert!(dst.iter().all(|d| d.len() == channels * pixels));
+    assert!(src.len() >= pixels * TILE * LANES);
     for c in 0..channels {
         // Channel `c`'s vectors of samples, one per pixel.
-        let lines = src[(c / TILE) * tile_stride + (c % TILE) * LANES..].as_ptr();
+        let lines = src[c * LANES..].as_ptr();
         for p0 in (0..pixels).step_by(16) {
             let len = (pixels - p0).min(16);
             let mask = first_lanes(len);
             // SAFETY: the tier is the caller's; register operations only.
             let mut rows = [unsafe { L::zero() }; 16];
             for (k, row) in rows.iter_mut().enumerate().take(len) {
-                // SAFETY: pixel `p0 + k < pixels` of channel `c`'s tile lies in `src`.
+                // SAFETY: pixel `p0 + k < pixels` of channel `c < TILE` lies in `src`.
                 *row = unsafe { L::load(lines.add((p0 + k) * TILE * LANES)) };
             }
             // SAFETY: as above.
             unsafe { L::transpose(&mut rows) };
-            for (lane, row) in rows.iter().enumerate().take(count) {
-                let to = lane * per_sample + c * pixels + p0;
-                assert!(to + len <= dst.len());
-                // SAFETY: the masked floats `to .. to + len` lie in `dst`.
-                unsafe { row.store_masked(dst.as_mut_ptr().add(to).cast(), mask) };
+            for (row, part) in rows.iter().zip(dst.iter_mut()) {
+                // SAFETY: the masked floats `c · pixels + p0 ..` `+ len ≤ channels · pixels`
+                // lie in `part`.
+                unsafe { row.store_masked(part.as_mut_ptr().add(c * pixels + p0).cast(), mask) };
             }
         }
     }
