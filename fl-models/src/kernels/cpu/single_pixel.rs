@@ -59,10 +59,16 @@ pub(super) fn weight_grad((g, x, dy, bias): WeightGradArgs) -> (Vec<f32>, Vec<f3
         }
     }
     let zeros = vec![0.0f32; batch];
-    let (_, db) = sum_over_chunks(batch, |s| {
-        let dy_chunk = &dy[s.start * c_out..s.end * c_out];
-        (Vec::new(), chunk_bias_grad(bias, dy_chunk, c_out, 1))
-    });
+    // The bias gradient in the im2col path's chunks (none without a bias).
+    let db = if bias {
+        let (_, db) = sum_over_chunks(batch, |s| {
+            let dy_chunk = &dy[s.start * c_out..s.end * c_out];
+            (Vec::new(), chunk_bias_grad(bias, dy_chunk, c_out, 1))
+        });
+        db
+    } else {
+        Vec::new()
+    };
     let mut dw = vec![0.0f32; c_out * rows];
     dw.par_chunks_mut(CHANNELS_PER_TASK * rows)
         .zip(dys.par_chunks(CHANNELS_PER_TASK * batch))
