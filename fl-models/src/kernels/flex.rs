@@ -418,17 +418,20 @@ impl CpuKernelOps for Flex {
         grad: FlexTensor,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
         let g = norm_geometry(&x);
-        let mut grad = owned(grad);
+        let mut grad = contiguous(grad);
         let [x, gamma, beta, mean, variance] = [x, gamma, beta, mean, variance].map(contiguous);
-        let (d_gamma, d_beta) = cpu::batch_norm_train_backward(
-            &g,
-            slice(&x),
-            (slice(&gamma), slice(&beta), slice(&mean), slice(&variance)),
-            epsilon,
-            act,
-            values_mut(&mut grad).expect(OWNED),
-        );
-        (grad, flex_vector(d_gamma), flex_vector(d_beta))
+        let params = (slice(&gamma), slice(&beta), slice(&mean), slice(&variance));
+        if let Some(values) = values_mut(&mut grad) {
+            let (d_gamma, d_beta) =
+                cpu::batch_norm_train_backward(&g, slice(&x), params, epsilon, act, values);
+            return (grad, flex_vector(d_gamma), flex_vector(d_beta));
+        }
+        // Shared (a residual branch's gradient): one pass into a new buffer, not a copy and a
+        // pass.
+        let (dx, d_gamma, d_beta) =
+            cpu::batch_norm_train_backward_into(&g, slice(&x), params, epsilon, act, slice(&grad));
+        let dx = FlexTensor::from_data(TensorData::new(dx, grad.shape()));
+        (dx, flex_vector(d_gamma), flex_vector(d_beta))
     }
 
     fn fl_batch_norm_inference(

@@ -186,3 +186,46 @@ fn inference_batch_norm_fused_with_each_activation_is_the_two_ops_bit_for_bit() 
     };
     cpu::tests::at_every_isa(check);
 }
+
+/// The training backward pass from a shared output gradient (into a new buffer) gives the
+/// in-place pass's dx, dγ and dβ bit for bit, with each activation, on every instruction tier.
+#[test]
+fn batch_norm_backward_into_a_new_buffer_is_the_in_place_pass() {
+    let check = |_| {
+        let g = cpu::NormGeometry {
+            batch: 3,
+            channels: 5,
+            plane: 42,
+        };
+        let n = g.batch * g.channels * g.plane;
+        let wave = |seed: f32, scale: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| (i as f32 * 0.37 + seed).sin() * scale)
+                .collect()
+        };
+        let x = wave(1.0, 3.0);
+        let dy = wave(2.0, 1.0);
+        let (gamma, beta) = (
+            [1.5f32, -0.5, 2.0, 0.25, 1.0],
+            [0.1f32, -1.0, 0.5, 2.0, 0.0],
+        );
+        for act in [
+            Activation::Relu,
+            Activation::Relu6,
+            Activation::HardSwish,
+            Activation::Identity,
+        ] {
+            let (_, mean, var) = cpu::batch_norm_train_forward(&g, &x, (&gamma, &beta), 1e-5, act);
+            let params = (&gamma[..], &beta[..], &mean[..], &var[..]);
+            let mut in_place = dy.clone();
+            let (dg, db) = cpu::batch_norm_train_backward(&g, &x, params, 1e-5, act, &mut in_place);
+            let (dx, dg_into, db_into) =
+                cpu::batch_norm_train_backward_into(&g, &x, params, 1e-5, act, &dy);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&dx), bits(&in_place), "{act:?}");
+            assert_eq!(bits(&dg_into), bits(&dg), "{act:?}");
+            assert_eq!(bits(&db_into), bits(&db), "{act:?}");
+        }
+    };
+    cpu::tests::at_every_isa(check);
+}

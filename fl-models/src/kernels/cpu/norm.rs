@@ -194,13 +194,62 @@ fn affine_coefficients(
 pub fn batch_norm_train_backward(
     g: &NormGeometry,
     x: &[f32],
-    (gamma, beta, mean, var): (&[f32], &[f32], &[f32], &[f32]),
+    params: Params<'_>,
     epsilon: f64,
     act: Activation,
     grad: &mut [f32],
 ) -> (Vec<f32>, Vec<f32>) {
-    assert_eq!(x.len(), grad.len(), "batch norm backward: gradient length");
-    let dy = &*grad;
+    let (coefficients, affine, d_gamma, d_beta) =
+        train_backward_coefficients(g, x, params, epsilon, act, grad);
+    if g.plane > 0 {
+        let sample = g.channels * g.plane;
+        grad.par_chunks_mut(sample)
+            .zip(x.par_chunks(sample))
+            .for_each(|(d_s, x_s)| {
+                backward_sample(g.plane, (&coefficients, &affine, act), x_s, d_s)
+            });
+    }
+    (d_gamma, d_beta)
+}
+
+/// [`batch_norm_train_backward`] from a gradient that is not this pass's to overwrite (a
+/// residual branch's, shared with the shortcut): dx into a new buffer in one pass, instead of
+/// a copy and a pass over it. Returns `(dx, dγ, dβ)`, the same values.
+pub fn batch_norm_train_backward_into(
+    g: &NormGeometry,
+    x: &[f32],
+    params: Params<'_>,
+    epsilon: f64,
+    act: Activation,
+    dy: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (coefficients, affine, d_gamma, d_beta) =
+        train_backward_coefficients(g, x, params, epsilon, act, dy);
+    let sample = (g.channels * g.plane).max(1);
+    // SAFETY: the chunks cover the buffer, and each sample's is written whole.
+    let dx = unsafe {
+        super::written_whole(x.len(), |dx| {
+            dx.par_chunks_mut(sample)
+                .zip(x.par_chunks(sample).zip(dy.par_chunks(sample)))
+                .for_each(|(dx_s, (x_s, dy_s))| {
+                    backward_into_sample(g.plane, (&coefficients, &affine, act), x_s, dy_s, dx_s)
+                })
+        })
+    };
+    (dx, d_gamma, d_beta)
+}
+
+/// The per-channel coefficients of the backward pass (`dx = k·dz + c1·x + c0`), the
+/// activation's affine inputs, `dγ` and `dβ`, from `dy`.
+fn train_backward_coefficients(
+    g: &NormGeometry,
+    x: &[f32],
+    (gamma, beta, mean, var): Params<'_>,
+    epsilon: f64,
+    act: Activation,
+    dy: &[f32],
+) -> (Vec<GradCoefficients>, Vec<Affine>, Vec<f32>, Vec<f32>) {
+    assert_eq!(x.len(), dy.len(), "batch norm backward: gradient length");
     let affine = affine_coefficients((gamma, beta), (mean, var), epsilon);
     let inv_std: Vec<f64> = var
         .iter()
@@ -227,15 +276,7 @@ pub fn batch_norm_train_backward(
         let c0 = -k * sum_dy / g.count() - c1 * m;
         coefficients.push((k as f32, c1 as f32, c0 as f32));
     }
-    if g.plane > 0 {
-        let sample = g.channels * g.plane;
-        grad.par_chunks_mut(sample)
-            .zip(x.par_chunks(sample))
-            .for_each(|(d_s, x_s)| {
-                backward_sample(g.plane, (&coefficients, &affine, act), x_s, d_s)
-            });
-    }
-    (d_gamma, d_beta)
+    (coefficients, affine, d_gamma, d_beta)
 }
 
 // The training passes' loops, compiled for the best tier like the other kernels (every sum
@@ -350,6 +391,41 @@ best_isa! {
         params: (&[Affine], Activation),
         x: &[f32],
         y: &mut [MaybeUninit<f32>]
+    )
+}
+
+/// [`backward_sample_generic`] from `dy` into `dx` (written whole): the same operations.
+#[inline(always)]
+fn backward_into_generic(
+    plane: usize,
+    (coefficients, affine, act): (&[GradCoefficients], &[Affine], Activation),
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [MaybeUninit<f32>],
+) {
+    assert!(dy.len() == x.len() && dx.len() == x.len() && x.len() == affine.len() * plane);
+    per_activation!(act, ACT => {
+        for ((((dx_p, dy_p), x_p), &(k, c1, c0)), &(a, b)) in dx
+            .chunks_exact_mut(plane)
+            .zip(dy.chunks_exact(plane))
+            .zip(x.chunks_exact(plane))
+            .zip(coefficients)
+            .zip(affine)
+        {
+            for ((dx, &d), &v) in dx_p.iter_mut().zip(dy_p).zip(x_p) {
+                dx.write(k * backward_one(ACT, a * v + b, d) + c1 * v + c0);
+            }
+        }
+    })
+}
+
+best_isa! {
+    fn backward_into_sample => backward_into_generic(
+        plane: usize,
+        params: (&[GradCoefficients], &[Affine], Activation),
+        x: &[f32],
+        dy: &[f32],
+        dx: &mut [MaybeUninit<f32>]
     )
 }
 
