@@ -104,7 +104,8 @@ pub(crate) use path::kernel_paths;
 use path::{PassPath, WeightGradPath};
 pub use pool::{PoolGeometry, max_pool2d_backward, max_pool2d_forward};
 pub(super) use weight_grad::{
-    ChunkBuffers, WeightGradArgs, chunk_bias_grad, sum_over_chunks, sum_over_chunks_with,
+    ChunkBuffers, WeightGradArgs, chunk_bias_grad, chunked_bias_grad, sum_over_chunks,
+    sum_over_chunks_with,
 };
 pub use weight_grad::{conv2d_weight_grad, conv2d_weight_grad_of};
 #[cfg(test)]

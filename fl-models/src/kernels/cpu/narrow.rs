@@ -21,7 +21,7 @@
 
 use rayon::prelude::*;
 
-use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, WeightGradArgs, chunk_bias_grad};
+use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, WeightGradArgs, chunked_bias_grad};
 use crate::kernels::isa::{Isa, uses};
 
 /// Floats per vector ([`Lanes16`](crate::kernels::lanes16::Lanes16): one AVX-512 register or
@@ -98,17 +98,8 @@ pub(super) fn weight_grad((g, x, dy, bias): WeightGradArgs) -> (Vec<f32>, Vec<f3
                 }
             }
         });
-    // The bias gradient through the im2col path's own chunking (no weight partials; none at
-    // all without a bias).
-    let db = if bias {
-        let (_, db) = super::sum_over_chunks(g.batch, |samples| {
-            let dy_chunk = &dy[samples.start * g.output_len()..samples.end * g.output_len()];
-            (Vec::new(), chunk_bias_grad(bias, dy_chunk, g.c_out, pixels))
-        });
-        db
-    } else {
-        Vec::new()
-    };
+    // The bias gradient through the im2col path's own chunking.
+    let db = chunked_bias_grad(bias, dy, g.batch, g.c_out, pixels);
     // The output gradients in the same way, `[c_out / CHANNEL_TILE][batch][pixels]
     // [CHANNEL_TILE]` (zeros past `c_out`): a channel tile's values, one stream.
     let tiles = g.c_out.div_ceil(CHANNEL_TILE);

@@ -194,7 +194,7 @@ fn affine_coefficients(
 pub fn batch_norm_train_backward(
     g: &NormGeometry,
     x: &[f32],
-    params: Params<'_>,
+    params: TrainParams<'_>,
     epsilon: f64,
     act: Activation,
     grad: &mut [f32],
@@ -218,7 +218,7 @@ pub fn batch_norm_train_backward(
 pub fn batch_norm_train_backward_into(
     g: &NormGeometry,
     x: &[f32],
-    params: Params<'_>,
+    params: TrainParams<'_>,
     epsilon: f64,
     act: Activation,
     dy: &[f32],
@@ -239,12 +239,15 @@ pub fn batch_norm_train_backward_into(
     (dx, d_gamma, d_beta)
 }
 
+/// γ, β, and the means and variances [`batch_norm_train_forward`] returned, per channel.
+pub type TrainParams<'a> = (&'a [f32], &'a [f32], &'a [f32], &'a [f32]);
+
 /// The per-channel coefficients of the backward pass (`dx = k·dz + c1·x + c0`), the
 /// activation's affine inputs, `dγ` and `dβ`, from `dy`.
 fn train_backward_coefficients(
     g: &NormGeometry,
     x: &[f32],
-    (gamma, beta, mean, var): Params<'_>,
+    (gamma, beta, mean, var): TrainParams<'_>,
     epsilon: f64,
     act: Activation,
     dy: &[f32],
@@ -361,8 +364,8 @@ fn backward_sample_generic(
             .zip(coefficients)
             .zip(affine)
         {
-            for (d, v) in d_p.iter_mut().zip(x_p) {
-                *d = k * backward_one(ACT, a * v + b, *d) + c1 * v + c0;
+            for (d, &v) in d_p.iter_mut().zip(x_p) {
+                *d = dx_one(ACT, (k, c1, c0), (a, b), v, *d);
             }
         }
     })
@@ -394,6 +397,13 @@ best_isa! {
     )
 }
 
+/// One value of the training backward pass, `dx = k·dz + c1·x + c0` with dz the activation's
+/// gradient at `a·x + b` (the in-place and the into-a-buffer passes share it).
+#[inline(always)]
+fn dx_one(act: Activation, (k, c1, c0): GradCoefficients, (a, b): Affine, v: f32, d: f32) -> f32 {
+    k * backward_one(act, a * v + b, d) + c1 * v + c0
+}
+
 /// [`backward_sample_generic`] from `dy` into `dx` (written whole): the same operations.
 #[inline(always)]
 fn backward_into_generic(
@@ -413,7 +423,7 @@ fn backward_into_generic(
             .zip(affine)
         {
             for ((dx, &d), &v) in dx_p.iter_mut().zip(dy_p).zip(x_p) {
-                dx.write(k * backward_one(ACT, a * v + b, d) + c1 * v + c0);
+                dx.write(dx_one(ACT, (k, c1, c0), (a, b), v, d));
             }
         }
     })

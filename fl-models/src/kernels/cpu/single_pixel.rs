@@ -13,7 +13,7 @@
 
 use rayon::prelude::*;
 
-use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, WeightGradArgs, chunk_bias_grad, sum_over_chunks};
+use super::{Conv2dGeometry, WEIGHT_GRAD_CHUNK, WeightGradArgs, chunked_bias_grad};
 
 /// Output channels per parallel task.
 const CHANNELS_PER_TASK: usize = 16;
@@ -59,16 +59,8 @@ pub(super) fn weight_grad((g, x, dy, bias): WeightGradArgs) -> (Vec<f32>, Vec<f3
         }
     }
     let zeros = vec![0.0f32; batch];
-    // The bias gradient in the im2col path's chunks (none without a bias).
-    let db = if bias {
-        let (_, db) = sum_over_chunks(batch, |s| {
-            let dy_chunk = &dy[s.start * c_out..s.end * c_out];
-            (Vec::new(), chunk_bias_grad(bias, dy_chunk, c_out, 1))
-        });
-        db
-    } else {
-        Vec::new()
-    };
+    // The bias gradient in the im2col path's chunks.
+    let db = chunked_bias_grad(bias, dy, batch, c_out, 1);
     let mut dw = vec![0.0f32; c_out * rows];
     dw.par_chunks_mut(CHANNELS_PER_TASK * rows)
         .zip(dys.par_chunks(CHANNELS_PER_TASK * batch))

@@ -66,6 +66,27 @@ pub(in crate::kernels) fn chunk_bias_grad(
     db
 }
 
+/// The bias gradient alone of output gradients `[batch, c_out, pixels]`, summed in
+/// [`sum_over_chunks`]'s chunks (the paths that sum their weight gradients otherwise keep the
+/// im2col path's order for it this way); empty, with no pass at all, for a layer without a bias.
+pub(in crate::kernels) fn chunked_bias_grad(
+    bias: bool,
+    dy: &[f32],
+    batch: usize,
+    c_out: usize,
+    pixels: usize,
+) -> Vec<f32> {
+    if !bias {
+        return Vec::new();
+    }
+    let sample = c_out * pixels;
+    let (_, db) = sum_over_chunks(batch, |s| {
+        let dy_chunk = &dy[s.start * sample..s.end * sample];
+        (Vec::new(), chunk_bias_grad(bias, dy_chunk, c_out, pixels))
+    });
+    db
+}
+
 /// Weight and bias gradients summed over the batch deterministically: `chunk` computes the
 /// partial sums of fixed runs of [`WEIGHT_GRAD_CHUNK`] samples (in parallel), which are then
 /// added in order, so the result does not depend on the thread count.
