@@ -10,11 +10,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+# Lavapipe is installed only where no Vulkan driver is named (a GPU machine names its own in
+# VK_DRIVER_FILES: scripts/gpu-figures.sh), and the dataset only where $FL_DATA_DIR lacks it.
+if [ -z "${VK_DRIVER_FILES:-}" ] && ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
   apt-get update -qq
   apt-get install -y -qq mesa-vulkan-drivers libvulkan1
 fi
-if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+if [ ! -f "${FL_DATA_DIR:-/usr/share/datasets/fashion-mnist}/train-images-idx3-ubyte.gz" ]; then
   apt-get install -y -qq dataset-fashion-mnist
 fi
 
@@ -42,7 +44,11 @@ for backend in flex wgpu; do
 done
 
 python3 - "$out/flex/metrics.jsonl" "$out/wgpu/metrics.jsonl" <<'EOF'
-import json, sys
+import json, os, sys
+manifests = [json.load(open(os.path.join(os.path.dirname(p), "manifest.json"))) for p in sys.argv[1:3]]
+assert "device" not in manifests[0], "flex names no device"
+assert manifests[1].get("device"), "the wgpu run names its device in manifest.json"
+print("wgpu device:", manifests[1]["device"])
 flex, wgpu = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 assert len(flex) == len(wgpu) == 3, (len(flex), len(wgpu))
 worst = {}

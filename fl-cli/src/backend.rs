@@ -18,6 +18,25 @@ pub fn name() -> &'static str {
     }
 }
 
+/// The backend's name with the device's own where the backend reports one (GPU backends:
+/// `wgpu (NVIDIA H200)`, `wgpu (llvmpipe (LLVM 15.0.6, 256 bits))` on Mesa's lavapipe), as
+/// printed at start and by `fl bench`.
+pub fn label() -> String {
+    match device_name() {
+        Some(device) => format!("{} ({device})", name()),
+        None => name().to_string(),
+    }
+}
+
+/// The device's own name, as its driver reports it; `None` on the CPU backends. Opens the
+/// device.
+#[allow(unreachable_code)]
+pub fn device_name() -> Option<String> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    return device().identity().map(|identity| identity.name);
+    None
+}
+
 /// The device to run on (without autodiff).
 #[allow(unreachable_code, deprecated)]
 pub fn device() -> Device {

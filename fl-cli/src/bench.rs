@@ -89,6 +89,10 @@ pub fn parse_burn_kernels(text: &str) -> Result<BurnKernels, String> {
 
 /// What the run uses, for the header line.
 fn kernels_in_use() -> String {
+    // fl-models' kernels are CPU code for flex tensors; other backends run Burn's throughout.
+    if backend::name() != "flex" {
+        return "Burn's own kernels".into();
+    }
     let off: Vec<&str> = Kernel::ALL
         .into_iter()
         .filter(|&k| !fl_models::kernels::kernel_enabled(k))
@@ -155,7 +159,7 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     println!(
         "backend {} ({}), {} threads; {c}×{h}×{w} inputs, 10 classes, batch 50, SGD lr 0.01 \
          momentum 0.5; a round = {} clients × {} epochs × {} samples",
-        backend::name(),
+        backend::label(),
         kernels_in_use(),
         args.threads,
         args.clients,
@@ -374,7 +378,7 @@ pub fn bench_round(config: &Path, threads: Option<usize>) -> anyhow::Result<()> 
         config.display(),
         cfg.label(),
         cfg.run.threads,
-        backend::name(),
+        backend::label(),
         kernels_in_use()
     );
     println!("| part | seconds |\n|---|---|");

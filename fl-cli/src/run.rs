@@ -199,10 +199,10 @@ pub fn simulate<M: Classifier>(
     crate::log::open_run_log(&out)
         .with_context(|| format!("cannot write {}", out.join(crate::log::LOG_FILE).display()))?;
     if !quiet {
-        eprintln!("backend: {} ({:?})", backend::name(), backend::device());
+        eprintln!("backend: {} ({:?})", backend::label(), backend::device());
     }
     tracing::info!(
-        backend = backend::name(),
+        backend = %backend::label(),
         algorithm = %cfg.label(),
         dataset = %sim.data.name,
         model = %cfg.run.model,

@@ -111,6 +111,9 @@ pub fn write_run_files(
         "test_samples": data.test.len(),
         "command": std::env::args().collect::<Vec<_>>(),
     });
+    if let Some(device) = backend::device_name() {
+        manifest["device"] = device.into();
+    }
     if let (Some(file), Some(sha)) = (&cfg.run.partition_file, &cfg.run.partition_sha256) {
         manifest["partition_file"] = file.display().to_string().into();
         manifest["partition_sha256"] = sha.clone().into();

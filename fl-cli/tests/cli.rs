@@ -78,6 +78,8 @@ fn run_directory_is_self_describing() {
         serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["seed"], 7);
     assert_eq!(manifest["backend"], "flex");
+    // Only GPU backends name a device (scripts/check-wgpu.sh checks wgpu's).
+    assert!(manifest.get("device").is_none());
     // Running again into the same directory without --resume refuses to overwrite it.
     let args = small_run(&out, "2", "2");
     let o = fl(&args.iter().map(String::as_str).collect::<Vec<_>>());
