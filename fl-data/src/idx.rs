@@ -56,12 +56,14 @@ pub fn parse_images(bytes: &[u8], path: &Path) -> Result<(Vec<u8>, usize, [usize
     }
     let (n, rows, cols) = (h[1] as usize, h[2] as usize, h[3] as usize);
     let payload = &bytes[16..];
-    let expected = n * rows * cols;
-    if payload.len() != expected {
+    // A damaged header can promise more bytes than a usize holds.
+    let expected = n.checked_mul(rows).and_then(|v| v.checked_mul(cols));
+    if expected != Some(payload.len()) {
         return Err(DataError::corrupt(
             path,
             format!(
-                "header promises {n} images of {rows}x{cols} ({expected} bytes) but the payload has {} bytes",
+                "header promises {n} images of {rows}x{cols} ({} bytes) but the payload has {} bytes",
+                expected.map_or("more than addressable".to_string(), |e| e.to_string()),
                 payload.len()
             ),
         ));
@@ -214,6 +216,11 @@ pub(crate) mod tests {
         // truncated payload
         let e = msg(read_pair(&p("c", &img[..img.len() - 1]), &p("d", &lab), 10));
         assert!(e.contains("payload has 7 bytes"), "{e}");
+        // a header whose sizes multiply past usize (found by the fuzz test)
+        let mut huge = img.clone();
+        huge[4..16].copy_from_slice(&[0xff; 12]);
+        let e = msg(read_pair(&p("c2", &huge), &p("d2", &lab), 10));
+        assert!(e.contains("more than addressable"), "{e}");
         // truncated header
         let e = msg(read_pair(&p("e", &img[..6]), &p("f", &lab), 10));
         assert!(e.contains("truncated IDX header"), "{e}");

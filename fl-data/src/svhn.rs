@@ -49,7 +49,7 @@ pub fn read_mat(path: &Path) -> Result<Dataset, DataError> {
     let matfile::NumericData::UInt8 { real: pixels, .. } = x.data() else {
         return Err(bad("X is not a uint8 array".into()));
     };
-    if pixels.len() != 32 * 32 * 3 * n {
+    if n.checked_mul(32 * 32 * 3) != Some(pixels.len()) {
         return Err(bad(format!(
             "X holds {} values for {n} images",
             pixels.len()
