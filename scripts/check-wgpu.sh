@@ -16,7 +16,8 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >
   apt-get update -qq
   apt-get install -y -qq mesa-vulkan-drivers libvulkan1
 fi
-if [ ! -f "${FL_DATA_DIR:-/usr/share/datasets/fashion-mnist}/train-images-idx3-ubyte.gz" ]; then
+data=${FL_DATA_DIR:-/usr/share/datasets/fashion-mnist}
+if [ ! -f "$data/train-images-idx3-ubyte" ] && [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
   apt-get install -y -qq dataset-fashion-mnist
 fi
 

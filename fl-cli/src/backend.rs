@@ -18,9 +18,9 @@ pub fn name() -> &'static str {
     }
 }
 
-/// The backend's name with the device's own where the backend reports one (GPU backends:
-/// `wgpu (NVIDIA H200)`, `wgpu (llvmpipe (LLVM 15.0.6, 256 bits))` on Mesa's lavapipe), as
-/// printed at start and by `fl bench`.
+/// The backend's name with the device's own where the backend reports one (GPU backends, e.g.
+/// `wgpu (llvmpipe (LLVM 15.0.6, 256 bits))` on Mesa's lavapipe), as printed at start and by
+/// `fl bench`.
 pub fn label() -> String {
     match device_name() {
         Some(device) => format!("{} ({device})", name()),
