@@ -57,6 +57,18 @@ pub fn device() -> Device {
     compile_error!("enable one backend feature: flex, ndarray, wgpu or cuda");
 }
 
+/// The autodiff device clients train on: with Burn's balanced gradient checkpointing where
+/// `checkpointing` (a training batch norm's output is recomputed in the backward pass instead
+/// of kept; the same results bit for bit, less memory), else keeping every activation.
+pub fn training_device(checkpointing: bool) -> Device {
+    let device = device().autodiff();
+    if checkpointing {
+        device.gradient_checkpointing()
+    } else {
+        device
+    }
+}
+
 /// The device global models are initialised on: the CPU's `flex` wherever it is built in (the
 /// default), so that a seed gives the same initial weights on every backend (each backend has
 /// its own generator); the weights then move to [`device`].

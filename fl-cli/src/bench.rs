@@ -35,6 +35,8 @@ pub struct BenchArgs {
     pub threads: usize,
     /// Input shape `[channels, height, width]` of the synthetic images.
     pub input: [usize; 3],
+    /// Train with Burn's balanced gradient checkpointing (`--gradient-checkpointing`).
+    pub gradient_checkpointing: bool,
 }
 
 /// Parses `CxHxW` (e.g. `1x28x28`) for `fl bench --input`: 1–16 channels, sides of 16–256
@@ -118,6 +120,7 @@ impl BenchArgs {
             epochs: 1,
             threads,
             input: [3, 32, 32],
+            gradient_checkpointing: false,
         }
     }
 }
@@ -169,6 +172,11 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for &model in &args.models {
         let ad = device.clone().autodiff();
+        let ad = if args.gradient_checkpointing {
+            ad.gradient_checkpointing()
+        } else {
+            ad
+        };
         ad.seed(1);
         let row = with_model!(model, args.input, 10, &ad, |m| pool
             .install(|| measure(model, m, &data, &norm, args, &device)))?;

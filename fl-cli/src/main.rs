@@ -125,6 +125,11 @@ enum Command {
         /// A seconds-long smoke run (2 clients × 1 epoch × 20 samples).
         #[arg(long)]
         quick: bool,
+        /// Train with Burn's balanced gradient checkpointing (batch-norm outputs recomputed in
+        /// the backward pass: less memory, the same results), as `--gradient-checkpointing
+        /// true` runs do.
+        #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+        gradient_checkpointing: bool,
         /// Run Burn's own ops instead of fl-models' CPU kernels, for an A/B comparison on
         /// flex: all of them (`--burn-kernels`), or some (`--burn-kernels=depthwise,activation`;
         /// kernels: conv, depthwise, max-pool, avg-pool, batch-norm, activation, linear,
@@ -440,6 +445,7 @@ fn main() -> ExitCode {
             threads,
             input,
             quick,
+            gradient_checkpointing,
             burn_kernels,
             round: None,
             kernels: false,
@@ -454,6 +460,7 @@ fn main() -> ExitCode {
                 let args = if quick {
                     bench::BenchArgs {
                         input,
+                        gradient_checkpointing,
                         ..bench::BenchArgs::quick(models, threads)
                     }
                 } else {
@@ -464,6 +471,7 @@ fn main() -> ExitCode {
                         epochs,
                         threads,
                         input,
+                        gradient_checkpointing,
                     }
                 };
                 if let Some(kernels) = &burn_kernels {

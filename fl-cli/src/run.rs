@@ -59,8 +59,8 @@ pub fn check(cfg: &RunConfig) -> anyhow::Result<()> {
 }
 
 /// The configuration of a new run, or of the resumed run in `--resume DIR` (whose
-/// `config.toml` wins; only `--rounds` may extend it, and `--threads` and
-/// `--parallel-clients` may change).
+/// `config.toml` wins; only `--rounds` may extend it, and `--threads`, `--parallel-clients`
+/// and `--gradient-checkpointing` may change).
 fn resolve(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<(RunConfig, bool)> {
     let Some(dir) = &args.resume else {
         return Ok((RunConfig::resolve(command, args)?, false));
@@ -78,7 +78,15 @@ fn resolve(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<(RunCo
         );
     }
     if args.given.iter().any(|id| {
-        !["rounds", "resume", "quiet", "threads", "parallel_clients"].contains(&id.as_str())
+        ![
+            "rounds",
+            "resume",
+            "quiet",
+            "threads",
+            "parallel_clients",
+            "gradient_checkpointing",
+        ]
+        .contains(&id.as_str())
     }) {
         eprintln!(
             "warning: --resume continues with {}/config.toml; other settings given are ignored",
@@ -94,6 +102,9 @@ fn resolve(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<(RunCo
     }
     if args.given("parallel_clients") {
         cfg.run.parallel_clients = args.settings.parallel_clients;
+    }
+    if args.given("gradient_checkpointing") {
+        cfg.run.gradient_checkpointing = args.settings.gradient_checkpointing;
     }
     cfg.run.out = Some(dir.clone());
     Ok((cfg, true))
@@ -140,7 +151,7 @@ pub fn run_one(cfg: &RunConfig, resume: bool, quiet: bool) -> anyhow::Result<()>
         lr: cfg.run.lr,
         proximal: None,
     });
-    let ad = backend::device().autodiff();
+    let ad = backend::training_device(cfg.run.gradient_checkpointing.unwrap_or(false));
     let init = backend::init_device().autodiff();
     init.seed(derive_seed(cfg.run.seed, Purpose::Init, 0, 0));
     let (shape, classes) = (data.train.image_shape(), data.train.num_classes());

@@ -169,6 +169,30 @@ fn same_seed_gives_identical_results_at_one_and_two_threads() {
     assert_ne!(weights(&a), weights(&c));
 }
 
+/// Gradient checkpointing recomputes batch-norm outputs in the backward pass: a ResNet's run is
+/// the same bits with it and without it (the default for global algorithms).
+#[test]
+fn gradient_checkpointing_changes_no_results() {
+    let dir = tmp();
+    let run = |name: &str, checkpointing: &str| {
+        let out = dir.path().join(name);
+        let line = format!(
+            "fedavg --model resnet20 --clients 400 --sample 2 --rounds 1 --local-epochs 1 \
+             --batch-size 32 --partition iid --seed 3 --threads 2 --quiet \
+             --gradient-checkpointing {checkpointing} --out"
+        );
+        let mut args: Vec<String> = words(&line).into_iter().map(String::from).collect();
+        args.push(out.display().to_string());
+        run_ok(&args);
+        out
+    };
+    let (on, off) = (run("on", "true"), run("off", "false"));
+    assert_eq!(metrics(&on), metrics(&off));
+    assert_eq!(weights(&on), weights(&off));
+    let config = std::fs::read_to_string(on.join("config.toml")).unwrap();
+    assert!(config.contains("gradient_checkpointing = true"), "{config}");
+}
+
 #[test]
 fn a_killed_run_resumes_to_the_same_result() {
     let dir = tmp();

@@ -435,7 +435,8 @@ pub fn run_one(
         partition,
     } = personal_data(run, data)?;
     let kinds = setup.architectures(run)?;
-    let ad = backend::device().autodiff();
+    // On unless turned off: the zoos' MobileNets train side by side (README "Speed").
+    let ad = backend::training_device(run.gradient_checkpointing.unwrap_or(true));
     let (shape, classes) = (pooled.image_shape(), pooled.num_classes());
     let width = setup.representation();
     let heterofl = setup.variant == Variant::Heterofl;

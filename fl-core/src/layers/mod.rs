@@ -16,12 +16,14 @@
 //!   reads `module.valid()`, which syncs.
 //! - A value loaded into an autodiff model must be re-attached to autodiff, or training silently
 //!   stops: loading keeps each target parameter's device, autodiff context and `require_grad`.
+//! - `valid()` then `train()` drops a gradient-checkpointing strategy (back to none): loading
+//!   puts the target's strategy back, so a model built on a checkpointing device keeps it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, GradientCheckpointingStrategy, Tensor, TensorData};
 
 mod arith;
 mod parts;
@@ -301,6 +303,17 @@ impl ModuleMapper for Loader<'_> {
     }
 }
 
+/// Puts a gradient-checkpointing strategy on every float parameter (`train()` re-attaches
+/// autodiff without the one the module had).
+struct Checkpointing(GradientCheckpointingStrategy);
+
+impl ModuleMapper for Checkpointing {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let strategy = self.0;
+        param.map(|t| t.with_gradient_checkpointing_strategy(strategy))
+    }
+}
+
 impl ParamTable {
     /// Reads every float tensor of `module`, synced and detached (through `module.valid()`).
     pub fn from_module<M: Module>(module: &M) -> Self {
@@ -339,10 +352,16 @@ impl ParamTable {
     ///
     /// The module is first detached with `valid()` (so the result shares no BatchNorm state with
     /// clones of the input) and, if its parameters were on an autodiff device, put back into
-    /// training mode with `train()`. Parameter ids, devices and `require_grad` are kept, so an
+    /// training mode with `train()`, with the gradient-checkpointing strategy its parameters had.
+    /// Parameter ids, devices and `require_grad` are kept, so an
     /// optimiser created for the result works as for any freshly built module.
     pub fn load_into<M: Module>(&self, module: M) -> Result<M, LayerError> {
-        let autodiff = module.devices().iter().any(Device::is_autodiff);
+        let devices = module.devices();
+        let autodiff = devices.iter().any(Device::is_autodiff);
+        let checkpointing = devices
+            .iter()
+            .find_map(Device::gradient_checkpointing_strategy)
+            .filter(|s| *s != GradientCheckpointingStrategy::Disabled);
         let detached = module.valid();
         let mut loader = Loader {
             values: &self.values,
@@ -361,7 +380,11 @@ impl ParamTable {
                 self.values.len()
             )));
         }
-        Ok(if autodiff { loaded.train() } else { loaded })
+        Ok(match (autodiff, checkpointing) {
+            (true, Some(strategy)) => loaded.train().map(&mut Checkpointing(strategy)),
+            (true, None) => loaded.train(),
+            (false, _) => loaded,
+        })
     }
 
     /// The shared layout (names, shapes, layers, blocks).
@@ -614,6 +637,24 @@ mod tests {
             loaded.conv.weight.val().grad(&grads).is_some(),
             "loaded model lost autodiff"
         );
+    }
+
+    #[test]
+    fn load_keeps_the_gradient_checkpointing_strategy() {
+        let d = device().autodiff().gradient_checkpointing();
+        d.seed(3);
+        let loaded = table(1).load_into(TinyNet::new(&d)).unwrap();
+        let strategy = loaded.conv.weight.val().gradient_checkpointing_strategy();
+        assert_eq!(strategy, Some(GradientCheckpointingStrategy::Balanced));
+        // Inputs made on the model's device mix with its parameters (Burn panics on a mix).
+        let x = Tensor::<4>::random([2, 1, 8, 8], Distribution::Default, &loaded.devices()[0]);
+        let grads = loaded.forward(x).sum().backward();
+        assert!(loaded.conv.weight.val().grad(&grads).is_some());
+        let plain = table(1)
+            .load_into(TinyNet::new(&device().autodiff()))
+            .unwrap();
+        let strategy = plain.conv.weight.val().gradient_checkpointing_strategy();
+        assert_eq!(strategy, Some(GradientCheckpointingStrategy::Disabled));
     }
 
     fn collect_ids<M: Module>(m: &M) -> Vec<burn::module::ParamId> {

@@ -76,7 +76,13 @@ struct Moments {
 
 impl Variational {
     fn new(posterior: &Posterior, device: &Device) -> Self {
-        let param = |t: Tensor<1>| Param::from_tensor(t.to_device(device).autodiff());
+        // With the device's checkpointing strategy: Burn's `autodiff()` alone gives the default
+        // one, and ops mixing two panic.
+        let strategy = device.gradient_checkpointing_strategy().unwrap_or_default();
+        let param = |t: Tensor<1>| {
+            let t = t.to_device(device).autodiff();
+            Param::from_tensor(t.with_gradient_checkpointing_strategy(strategy))
+        };
         Self {
             mu: posterior.mu().into_iter().map(param).collect(),
             rho: posterior.rho.iter().cloned().map(param).collect(),

@@ -143,14 +143,17 @@ impl ModuleMapper for Shift {
         let scale = self.scale;
         // A fresh leaf on the parameter's own device: tracked like the original, same id.
         param.map(|w| {
-            let autodiff = w.is_autodiff();
+            let checkpointing = w.gradient_checkpointing_strategy();
             let w = w.inner();
             let shape = w.shape();
             let shifted = w + direction.mul_scalar(scale).reshape(shape);
-            if autodiff {
-                shifted.autodiff().require_grad()
-            } else {
-                shifted
+            match checkpointing {
+                // Burn's `autodiff()` alone gives the default strategy, and ops mixing two panic.
+                Some(strategy) => shifted
+                    .autodiff()
+                    .with_gradient_checkpointing_strategy(strategy)
+                    .require_grad(),
+                None => shifted,
             }
         })
     }

@@ -14,8 +14,11 @@ use burn::tensor::{DType, Shape, Tensor, TensorData};
 use burn_flex::FlexTensor;
 
 use super::Activation;
-use super::cpu::{self, Conv2dGeometry, NormGeometry, PoolGeometry};
+use super::cpu::{self, Conv2dGeometry, PoolGeometry};
 use super::flex_mobile::MobileKernelOps;
+use super::flex_norm::{
+    BatchNormInferenceBackward, BatchNormTrainBackward, RetroBatchNorm, norm_geometry,
+};
 
 /// Convolution and max-pooling kernels for CPU backends, with hand-written backward passes.
 #[backend_extension(Flex, Autodiff)]
@@ -81,6 +84,18 @@ pub trait CpuKernelOps: Backend {
         act: Activation,
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    /// The output of [`fl_batch_norm_train`](CpuKernelOps::fl_batch_norm_train) again, bit
+    /// for bit, from the statistics it returned (gradient checkpointing recomputes it in the
+    /// backward pass instead of keeping it).
+    fn fl_batch_norm_train_output(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        variance: FloatTensor<Self>,
+        epsilon: f64,
+        act: Activation,
+    ) -> FloatTensor<Self>;
     /// Batch normalisation of a `[batch, channels, h, w]` tensor with given statistics
     /// (inference, frozen layers), then `act`: `act(((x − mean) / std) · γ + β)`,
     /// `std = sqrt(var + ε)`.
@@ -212,60 +227,6 @@ pub(super) fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> 
         x.into_dispatch(),
         options,
     ))
-}
-
-/// Whether the kernels handle this batch normalisation: a 4-D `f32` tensor on flex.
-pub(super) fn handles_batch_norm(x: &Tensor<4>, gamma: &Tensor<1>) -> bool {
-    x.dtype() == DType::F32 && gamma.dtype() == DType::F32 && on_flex(x)
-}
-
-/// Runs [`CpuKernelOps::fl_batch_norm_train`] through Burn's dispatch: (output, mean, variance).
-pub(super) fn batch_norm_train(
-    x: Tensor<4>,
-    gamma: Tensor<1>,
-    beta: Tensor<1>,
-    epsilon: f64,
-    act: Activation,
-) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
-    let (y, mean, var) = <Dispatch as CpuKernelOps>::fl_batch_norm_train(
-        x.into_dispatch(),
-        gamma.into_dispatch(),
-        beta.into_dispatch(),
-        epsilon,
-        act,
-    );
-    (
-        Tensor::from_dispatch(y),
-        Tensor::from_dispatch(mean),
-        Tensor::from_dispatch(var),
-    )
-}
-
-/// Runs [`CpuKernelOps::fl_batch_norm_inference`] through Burn's dispatch. Gradients reach `x`
-/// only: the caller checks that γ and β take none.
-pub(super) fn batch_norm_inference(
-    x: Tensor<4>,
-    (gamma, beta): (Tensor<1>, Tensor<1>),
-    (mean, std): (Tensor<1>, Tensor<1>),
-    act: Activation,
-) -> Tensor<4> {
-    Tensor::from_dispatch(<Dispatch as CpuKernelOps>::fl_batch_norm_inference(
-        x.into_dispatch(),
-        gamma.into_dispatch(),
-        beta.into_dispatch(),
-        mean.into_dispatch(),
-        std.into_dispatch(),
-        act,
-    ))
-}
-
-fn norm_geometry(x: &FlexTensor) -> NormGeometry {
-    let [batch, channels, h, w] = dims4(&x.shape());
-    NormGeometry {
-        batch,
-        channels,
-        plane: h * w,
-    }
 }
 
 pub(super) fn flex_vector(values: Vec<f32>) -> FlexTensor {
@@ -407,6 +368,24 @@ impl CpuKernelOps for Flex {
         (flex_tensor(y, dims), flex_vector(mean), flex_vector(var))
     }
 
+    fn fl_batch_norm_train_output(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        beta: FlexTensor,
+        mean: FlexTensor,
+        variance: FlexTensor,
+        epsilon: f64,
+        act: Activation,
+    ) -> FlexTensor {
+        let g = norm_geometry(&x);
+        let dims = dims4(&x.shape());
+        let [x, gamma, beta, mean, variance] = [x, gamma, beta, mean, variance].map(contiguous);
+        let params = (slice(&gamma), slice(&beta));
+        let stats = (slice(&mean), slice(&variance));
+        let y = cpu::batch_norm_train_output(&g, slice(&x), params, stats, epsilon, act);
+        flex_tensor(y, dims)
+    }
+
     fn fl_batch_norm_train_backward(
         x: FlexTensor,
         gamma: FlexTensor,
@@ -539,52 +518,6 @@ impl<B: Backend + CpuKernelOps> Backward<B, 1> for MaxPool2dBackward {
     }
 }
 
-#[derive(Debug)]
-struct BatchNormTrainBackward;
-
-impl<B: Backend + CpuKernelOps> Backward<B, 3> for BatchNormTrainBackward {
-    // x, γ and β are checkpointed; the batch statistics come along as the forward computed them.
-    type State = ([NodeId; 3], FloatTensor<B>, FloatTensor<B>, f64, Activation);
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 3>,
-        grads: &mut Gradients,
-        checkpointer: &mut Checkpointer,
-    ) {
-        let grad = grads.consume::<B>(&ops.node);
-        let (nodes, mean, variance, epsilon, act) = ops.state;
-        let [x, gamma, beta] =
-            nodes.map(|node| checkpointer.retrieve_node_output::<FloatTensor<B>>(node));
-        let (dx, d_gamma, d_beta) =
-            B::fl_batch_norm_train_backward(x, gamma, beta, mean, variance, epsilon, act, grad);
-        let [node_x, node_gamma, node_beta] = ops.parents;
-        for (node, grad) in [(node_x, dx), (node_gamma, d_gamma), (node_beta, d_beta)] {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
-        }
-    }
-}
-
-#[derive(Debug)]
-struct BatchNormInferenceBackward;
-
-impl<B: Backend + CpuKernelOps> Backward<B, 1> for BatchNormInferenceBackward {
-    // γ and the standard deviations, constants of the node.
-    type State = (FloatTensor<B>, FloatTensor<B>);
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        let (gamma, std) = ops.state;
-        let [node_x] = ops.parents;
-        if let Some(node) = node_x {
-            let dx = B::fl_batch_norm_inference_backward(gamma, std, grad);
-            grads.register::<B>(node.id, dx);
-        }
-    }
-}
-
 /// Autodiff: the forward pass runs on the inner backend and records a node whose backward pass
 /// calls the gradient kernels. The gradient kernels themselves are not differentiable again.
 impl<B: Backend + CpuKernelOps + MobileKernelOps, C: CheckpointStrategy> CpuKernelOps
@@ -703,39 +636,53 @@ impl<B: Backend + CpuKernelOps + MobileKernelOps, C: CheckpointStrategy> CpuKern
         act: Activation,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let parents = [x.node(), gamma.node(), beta.node()];
+        // The statistics come first: the retro-forward needs them before the node exists.
+        let (y, mean, var) = B::fl_batch_norm_train(
+            x.primitive().clone(),
+            gamma.primitive().clone(),
+            beta.primitive().clone(),
+            epsilon,
+            act,
+        );
+        let retro = RetroBatchNorm::<B> {
+            nodes: [&x, &gamma, &beta].map(|t| t.id()),
+            stats: (mean.clone(), var.clone()),
+            epsilon,
+            act,
+        };
+        // Memory bound: with gradient checkpointing the output is recomputed from `x` in the
+        // backward pass where a later layer needs it, instead of being kept.
         match BatchNormTrainBackward
             .prepare::<C>(parents)
-            .compute_bound()
+            .memory_bound()
+            .retro_forward(retro)
+            .parents([&x, &gamma, &beta])
             .stateful()
         {
             OpsKind::Tracked(mut prep) => {
                 let nodes = [&x, &gamma, &beta].map(|t| prep.checkpoint(t));
-                let (y, mean, var) = B::fl_batch_norm_train(
-                    x.into_primitive(),
-                    gamma.into_primitive(),
-                    beta.into_primitive(),
-                    epsilon,
-                    act,
-                );
                 let state = (nodes, mean.clone(), var.clone(), epsilon, act);
                 let y = prep.finish(state, y);
                 (y, Self::from_inner(mean), Self::from_inner(var))
             }
-            OpsKind::UnTracked(prep) => {
-                let (y, mean, var) = B::fl_batch_norm_train(
-                    x.into_primitive(),
-                    gamma.into_primitive(),
-                    beta.into_primitive(),
-                    epsilon,
-                    act,
-                );
-                (
-                    prep.finish(y),
-                    Self::from_inner(mean),
-                    Self::from_inner(var),
-                )
-            }
+            OpsKind::UnTracked(prep) => (
+                prep.finish(y),
+                Self::from_inner(mean),
+                Self::from_inner(var),
+            ),
         }
+    }
+
+    fn fl_batch_norm_train_output(
+        _x: FloatTensor<Self>,
+        _gamma: FloatTensor<Self>,
+        _beta: FloatTensor<Self>,
+        _mean: FloatTensor<Self>,
+        _variance: FloatTensor<Self>,
+        _epsilon: f64,
+        _act: Activation,
+    ) -> FloatTensor<Self> {
+        unimplemented!("the recomputation of a batch-norm output runs on the inner backend")
     }
 
     fn fl_batch_norm_train_backward(

@@ -33,6 +33,8 @@ mod flex;
 mod flex_linear;
 #[cfg(feature = "flex")]
 mod flex_mobile;
+#[cfg(feature = "flex")]
+mod flex_norm;
 pub(crate) mod isa;
 #[cfg(feature = "flex")]
 mod lanes16;
@@ -183,7 +185,7 @@ pub fn batch_norm_act(norm: &BatchNorm, x: Tensor<4>, act: Activation) -> Tensor
     #[cfg(feature = "flex")]
     use Activation::Identity;
     #[cfg(feature = "flex")]
-    if kernel_enabled(Kernel::BatchNorm) && flex::handles_batch_norm(&x, &norm.gamma.val()) {
+    if kernel_enabled(Kernel::BatchNorm) && flex_norm::handles_batch_norm(&x, &norm.gamma.val()) {
         let device = x.device();
         // Burn's own choice between the two passes.
         if device.is_autodiff() && norm.training.is_enabled() {
@@ -193,8 +195,13 @@ pub fn batch_norm_act(norm: &BatchNorm, x: Tensor<4>, act: Activation) -> Tensor
             } else {
                 Identity
             };
-            let (y, mean, var) =
-                flex::batch_norm_train(x, norm.gamma.val(), norm.beta.val(), norm.epsilon, fused);
+            let (y, mean, var) = flex_norm::batch_norm_train(
+                x,
+                norm.gamma.val(),
+                norm.beta.val(),
+                norm.epsilon,
+                fused,
+            );
             // The running statistics as Burn's BatchNorm updates them.
             let update = |state: &burn::module::RunningState<Tensor<1>>, batch: Tensor<1>| {
                 let running = state.value_sync().to_device(&device);
@@ -216,8 +223,8 @@ pub fn batch_norm_act(norm: &BatchNorm, x: Tensor<4>, act: Activation) -> Tensor
             let std = var.add_scalar(norm.epsilon).sqrt();
             let (params, stats) = ((gamma, beta), (mean, std));
             return match kernel_enabled(Kernel::Activation) && flex_mobile::handles(&x) {
-                true => flex::batch_norm_inference(x, params, stats, act),
-                false => act.apply(flex::batch_norm_inference(x, params, stats, Identity)),
+                true => flex_norm::batch_norm_inference(x, params, stats, act),
+                false => act.apply(flex_norm::batch_norm_inference(x, params, stats, Identity)),
             };
         }
     }

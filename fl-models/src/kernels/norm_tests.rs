@@ -229,3 +229,42 @@ fn batch_norm_backward_into_a_new_buffer_is_the_in_place_pass() {
     };
     cpu::tests::at_every_isa(check);
 }
+
+/// With gradient checkpointing a training batch norm's output is recomputed in the backward
+/// pass instead of kept: every gradient (and the running statistics) are the same bits as
+/// without it, with and without a fused activation, on every instruction tier.
+#[test]
+fn checkpointed_batch_norm_gives_the_same_gradients() {
+    use burn::nn::conv::Conv2dConfig;
+    let check = |_| {
+        let run = |device: &Device| {
+            device.seed(7);
+            let config = |c_in, c_out| Conv2dConfig::new([c_in, c_out], [3, 3]).with_bias(false);
+            let first = config(3, 6).init(device);
+            let second = config(6, 4).init(device);
+            let (bn1, bn2) = (
+                BatchNormConfig::new(6).init(device),
+                BatchNormConfig::new(4).init(device),
+            );
+            let x = Tensor::<4>::random([5, 3, 9, 9], Distribution::Normal(0.0, 2.0), device);
+            let h = batch_norm_act(&bn1, conv2d_forward(&first, x), Activation::Relu6);
+            let y = batch_norm_act(&bn2, conv2d_forward(&second, h), Activation::Identity);
+            let probe = Tensor::<4>::random(y.dims(), Distribution::Normal(0.0, 1.0), device);
+            let grads = (y * probe).sum().backward();
+            let mut out = Vec::new();
+            for w in [&first.weight, &second.weight] {
+                out.push(bits(w.grad(&grads).unwrap()));
+            }
+            for bn in [&bn1, &bn2] {
+                out.push(bits(bn.gamma.grad(&grads).unwrap()));
+                out.push(bits(bn.beta.grad(&grads).unwrap()));
+                out.push(bits(bn.running_var.value()));
+            }
+            out
+        };
+        let plain = run(&Device::flex().autodiff());
+        let checkpointed = run(&Device::flex().autodiff().gradient_checkpointing());
+        assert_eq!(plain, checkpointed);
+    };
+    cpu::tests::at_every_isa(check);
+}

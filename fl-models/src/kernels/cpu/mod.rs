@@ -99,6 +99,7 @@ use gemm::{common_depth_block, gemm_depth_block, matmul, matmul_uninit};
 pub use norm::{
     NormGeometry, batch_norm_inference, batch_norm_inference_backward, batch_norm_inference_into,
     batch_norm_train_backward, batch_norm_train_backward_into, batch_norm_train_forward,
+    batch_norm_train_output,
 };
 pub(crate) use path::kernel_paths;
 use path::{PassPath, WeightGradPath};

@@ -154,11 +154,26 @@ pub fn batch_norm_train_forward(
     let squares = g.per_sample_sums(|n, out| sample_squares(g.plane, g.sample(x, n), &mean, out));
     let [squares] = g.channel_totals(&squares);
     let var: Vec<f32> = squares.iter().map(|s| (s / g.count()) as f32).collect();
-    let affine = affine_coefficients((gamma, beta), (&mean, &var), epsilon);
+    let y = batch_norm_train_output(g, x, (gamma, beta), (&mean, &var), epsilon, act);
+    (y, mean, var)
+}
+
+/// The output of [`batch_norm_train_forward`] again from the statistics it returned, bit for
+/// bit (the same coefficients and pass): autodiff's gradient checkpointing recomputes it in the
+/// backward pass instead of keeping it from the forward pass.
+pub fn batch_norm_train_output(
+    g: &NormGeometry,
+    x: &[f32],
+    (gamma, beta): (&[f32], &[f32]),
+    (mean, var): (&[f32], &[f32]),
+    epsilon: f64,
+    act: Activation,
+) -> Vec<f32> {
+    let affine = affine_coefficients((gamma, beta), (mean, var), epsilon);
     // Written once, not zeroed first (the zeroing pass was 2% of MobileNetV2's step).
     // SAFETY: `x` is whole samples of `channels · plane` floats (empty if `plane` is 0), and
     // `affine_sample` writes every float of each sample's chunk (it asserts the lengths).
-    let y = unsafe {
+    unsafe {
         super::written_whole(x.len(), |y| {
             if g.plane > 0 {
                 let sample = g.channels * g.plane;
@@ -167,8 +182,7 @@ pub fn batch_norm_train_forward(
                     .for_each(|(y_s, x_s)| affine_sample(g.plane, (&affine, act), x_s, y_s));
             }
         })
-    };
-    (y, mean, var)
+    }
 }
 
 /// Each channel's `(a, b)` of the normalisation `a·x + b`: `a = γ/√(σ²+ε)`, `b = β − μ·a` (the
