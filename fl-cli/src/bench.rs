@@ -171,12 +171,7 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
     for &model in &args.models {
-        let ad = device.clone().autodiff();
-        let ad = if args.gradient_checkpointing {
-            ad.gradient_checkpointing()
-        } else {
-            ad
-        };
+        let ad = backend::training_device(args.gradient_checkpointing);
         ad.seed(1);
         let row = with_model!(model, args.input, 10, &ad, |m| pool
             .install(|| measure(model, m, &data, &norm, args, &device)))?;
