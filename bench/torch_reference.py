@@ -23,7 +23,8 @@ same arithmetic could train is 100%.
     /tmp/torchenv/bin/python bench/torch_reference.py --models cnn --samples 500 --round 10x5 \
         --fl target/release/fl
     /tmp/torchenv/bin/python bench/torch_reference.py --fl target/release/fl --repeat 3 \
-        --inputs 3x32x32,1x28x28 --peak 117    # medians of three alternating runs per side
+        --inputs 3x32x32,1x28x28 --peak 117    # medians of three alternating runs per side,
+                                                # each ratio the median of the three pairs' ones
 
 Models: `cnn`, `cnn-fedavg`, `resnet20`, `resnet20-ref`, `vgg16`, `mobilenet-v1/v2/v3`,
 `cnn1`-`cnn4` (see fl-models for each one's definition).
@@ -475,6 +476,16 @@ def fl_bench(binary, model, shape, samples, clients, epochs, threads):
     raise RuntimeError(f"no row for {model} in fl bench's output:\n{out}")
 
 
+def paired_ratio(fl_runs, torch_runs, get):
+    """fl/torch of `get(run)` per repetition, each pair timed back to back (so a drift of the
+    machine's speed between repetitions cancels out of each ratio): their median, and with
+    several repetitions their range, e.g. `1.25x (1.18-1.31)`. For times, pass `get` the rate's
+    reciprocal."""
+    ratios = [get(f) / get(t) for f, t in zip(fl_runs, torch_runs)]
+    text = f"{statistics.median(ratios):.2f}x"
+    return text + (f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else "")
+
+
 def medians(runs):
     """One side's figures over repeated runs: the median of each rate and time (the parameter
     count and the GFLOP per sample are the same in every run)."""
@@ -497,8 +508,9 @@ def main():
     p.add_argument("--peak", type=float, metavar="GFLOPS",
                    help="multiply-add peak per thread: adds each side's share of the --threads peak")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
-                   help="time each side N times per model, alternating, and report the medians "
-                        "(single runs move by 10-20%%)")
+                   help="time each side N times per model, alternating: the medians of the "
+                        "rates, and of the N paired fl/torch ratios with their range (single "
+                        "runs move by 10-20%%)")
     a = p.parse_args()
     if a.repeat < 1:
         p.error(f"--repeat {a.repeat}: must be at least 1")
@@ -509,7 +521,8 @@ def main():
     print(f"PyTorch {torch.__version__}; batch 50, SGD lr 0.01 momentum 0.5; train = one client, "
           f"3 epochs; eval batch 500" + (f"; round = {rounds[0]} clients x {rounds[1]} epochs"
                                          if rounds else "")
-          + (f"; medians of {a.repeat} alternating runs per side" if a.repeat > 1 else ""))
+          + (f"; medians of {a.repeat} alternating runs per side, ratios the median (and "
+             f"range) of the {a.repeat} back-to-back pairs' ratios" if a.repeat > 1 else ""))
     cols = ["model", "input", "samples", "params"]
     for t in threads:
         cols += [f"torch train/s ({t}t)", f"fl train/s ({t}t)", f"fl/torch ({t}t)"]
@@ -536,16 +549,17 @@ def main():
             if ours and ours["params"] != r["params"]:
                 params += f" (fl: {ours['params']:,}!)"
             row = [m, "x".join(map(str, shape)), str(samples), params]
-            ratio = lambda x, y: f"{x / y:.2f}x"
+            ratio = lambda get: paired_ratio(fl_runs, torch_runs, get)
             for t in threads:
                 row += [f"{r['train'][t]:,.0f}"]
-                row += ([f"{ours['train'][t]:,.0f}", ratio(ours["train"][t], r["train"][t])]
+                row += ([f"{ours['train'][t]:,.0f}", ratio(lambda x, t=t: x["train"][t])]
                         if ours else ["-", "-"])
             row += [f"{r['eval']:,.0f}"]
-            row += [f"{ours['eval']:,.0f}", ratio(ours["eval"], r["eval"])] if ours else ["-", "-"]
+            row += ([f"{ours['eval']:,.0f}", ratio(lambda x: x["eval"])] if ours
+                    else ["-", "-"])
             if rounds:
                 row += [f"{r['round_s']:.2f}"]
-                row += ([f"{ours['round_s']:.2f}", ratio(r["round_s"], ours["round_s"])]
+                row += ([f"{ours['round_s']:.2f}", ratio(lambda x: 1 / x["round_s"])]
                         if ours else ["-", "-"])
             row += [f"{r['gflop']:.3f}"]
             if a.peak:
