@@ -20,6 +20,7 @@ so read ratios from several quads.
 """
 
 import argparse
+import hashlib
 import json
 import pathlib
 import statistics
@@ -48,13 +49,22 @@ def timings(records, wall):
     return out
 
 
+def digest(path):
+    """SHA-256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
 def results(run_dir):
     """What the run computed: its metrics without timings, and its result files' bytes."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                if line.strip()]
     metrics = [{k: v for k, v in r.items() if not is_timing(k)} for r in records]
-    files = {name: (run_dir / name).read_bytes() for name in COMPARED_FILES
-             if (run_dir / name).exists()}
+    # Digests, not the bytes: a VGG-16 checkpoint is 134 MB, and every run's are kept.
+    files = {name: digest(run_dir / name) for name in COMPARED_FILES if (run_dir / name).exists()}
     return records, metrics, files
 
 
