@@ -93,7 +93,7 @@ fn metrics_digest(dir: &Path) -> String {
 }
 
 /// SHA-256 of the final weights: every tensor of the last checkpoint (the server's models and
-/// state, or every client's model), by name. (`model.bpk` holds fresh parameter ids per run.)
+/// state, or every client's model), by name.
 fn weights_digest(dir: &Path) -> String {
     let tensors = weights(dir);
     assert!(!tensors.is_empty(), "no tensors in the checkpoint");

@@ -303,6 +303,20 @@ fn damaged_run_files_are_caught_on_resume() {
 }
 
 #[test]
+fn a_model_with_batch_norm_is_saved_byte_identically() {
+    // Burn draws a random id for every BatchNorm running statistic, and its record stores it.
+    let dir = tmp();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for (out, threads) in [(&a, "1"), (&b, "2")] {
+        let mut args = small_run(out, threads, "1");
+        args.extend(["--model", "mobilenet-v3"].map(String::from));
+        run_ok(&args);
+    }
+    let read = |d: &Path| std::fs::read(d.join("model.bpk")).unwrap();
+    assert!(read(&a) == read(&b), "model.bpk differs");
+}
+
+#[test]
 fn a_run_directory_is_byte_identical_at_any_thread_count() {
     let dir = tmp();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));

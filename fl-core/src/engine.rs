@@ -11,14 +11,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use burn::module::{ModuleMapper, Param, ParamId};
-use burn::tensor::{Bool, Int, Tensor};
 use fl_data::{FederatedDataset, Partition};
 use rayon::prelude::*;
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::layers::{LayerError, ParamTable};
 use crate::model::Classifier;
+use crate::model_file::save_model;
 use crate::rng::{Purpose, rng_for};
 use crate::strategy::{Evaluator, FineTune, RoundContext, ServerRound, Strategy, StrategyError};
 use crate::trainer::{
@@ -589,10 +588,7 @@ impl<M: Classifier> Simulation<'_, M> {
         if let Some(dir) = &self.out_dir {
             if let Some(global) = &global {
                 let model = global.load_into(eval_model)?;
-                model
-                    .map(&mut SequentialIds(0))
-                    .save_file(dir.join(files::MODEL))
-                    .map_err(|e| EngineError::Record(format!("{e:?}")))?;
+                save_model(model, &dir.join(files::MODEL)).map_err(EngineError::Record)?;
             }
             if let Some(summary) = &clients {
                 let path = dir.join(files::CLIENTS);
@@ -605,37 +601,6 @@ impl<M: Classifier> Simulation<'_, M> {
             global,
             clients,
         })
-    }
-}
-
-/// Numbers a module's parameters 0, 1, 2, … in visiting order: Burn draws random [`ParamId`]s,
-/// which `model.bpk` stores, so a saved model's bytes would differ from run to run.
-struct SequentialIds(u64);
-
-impl SequentialIds {
-    fn next(&mut self) -> ParamId {
-        self.0 += 1;
-        ParamId::from(self.0 - 1)
-    }
-}
-
-impl ModuleMapper for SequentialIds {
-    fn map_float<const D: usize>(&mut self, mut p: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        p.id = self.next();
-        p
-    }
-
-    fn map_int<const D: usize>(&mut self, mut p: Param<Tensor<D, Int>>) -> Param<Tensor<D, Int>> {
-        p.id = self.next();
-        p
-    }
-
-    fn map_bool<const D: usize>(
-        &mut self,
-        mut p: Param<Tensor<D, Bool>>,
-    ) -> Param<Tensor<D, Bool>> {
-        p.id = self.next();
-        p
     }
 }
 

@@ -19,6 +19,7 @@ pub mod engine;
 pub mod landscape;
 pub mod layers;
 mod model;
+mod model_file;
 pub mod rng;
 pub mod secure;
 pub mod strategy;
