@@ -588,11 +588,14 @@ pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Resul
                 stride,
             };
             let r = pool.install(|| conv_rates(shape, 50, 0.5));
-            let path = if r.path == r.weight_grad_path {
-                r.path.to_string()
-            } else {
-                format!("{}; weight gradient: {}", r.path, r.weight_grad_path)
-            };
+            // Each pass's kernels, named once where the next pass runs the same.
+            let mut path = r.path.to_string();
+            if r.input_grad_path != r.path {
+                path += &format!("; input gradient: {}", r.input_grad_path);
+            }
+            if r.weight_grad_path != r.input_grad_path {
+                path += &format!("; weight gradient: {}", r.weight_grad_path);
+            }
             let valid = shape.valid_share();
             let cell = |rate: f64| match peak {
                 Some(p) if valid < 1.0 => format!(

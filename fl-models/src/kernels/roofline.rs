@@ -157,9 +157,11 @@ impl ConvShape {
 pub struct ConvRate {
     /// The shape measured.
     pub shape: ConvShape,
-    /// The kernels that ran the forward pass and input gradient: `direct`, `im2col + gemm` or
-    /// `across samples`.
+    /// The kernels that ran the forward pass: `direct`, `im2col + gemm`, `across samples` or
+    /// `stride 2 from the planes`.
     pub path: &'static str,
+    /// The kernels that ran the input gradient (the same names).
+    pub input_grad_path: &'static str,
     /// The kernels that ran the weight gradient: `direct`, `direct without zero products`,
     /// `small-map` or `im2col + gemm`.
     pub weight_grad_path: &'static str,
@@ -210,11 +212,12 @@ pub fn conv_rates(shape: ConvShape, batch: usize, seconds: f64) -> ConvRate {
     let dy = fill(g.output_len() * batch, 3);
     let flops = 2.0 * (shape.macs() * batch) as f64;
     let rate = |pass: &dyn Fn()| best_rate(flops, seconds, pass);
-    let paths = cpu::kernel_paths(&g);
+    let [path, input_grad_path, weight_grad_path] = cpu::kernel_paths(&g);
     ConvRate {
         shape,
-        path: paths.0,
-        weight_grad_path: paths.1,
+        path,
+        input_grad_path,
+        weight_grad_path,
         forward: rate(&|| drop(std::hint::black_box(cpu::conv2d_forward(&g, &x, &w, None)))),
         input_grad: rate(&|| drop(std::hint::black_box(cpu::conv2d_input_grad(&g, &w, &dy)))),
         weight_grad: rate(&|| drop(std::hint::black_box(cpu::conv2d_weight_grad(&g, &x, &dy)))),

@@ -468,7 +468,7 @@ pub fn conv2d_forward(
     weight: &[f32],
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
-    forward_on(PassPath::of(g, bias), g, x, weight, bias)
+    forward_on(PassPath::forward(g, bias), g, x, weight, bias)
 }
 
 /// [`conv2d_forward`] on `path`.
@@ -604,7 +604,7 @@ fn forward_sample(
 
 /// Input gradient: `dx[n] = col2im(Wᵀ · dy[n])`.
 pub fn conv2d_input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    input_grad_on(PassPath::of(g, None), g, weight, dy)
+    input_grad_on(PassPath::input_grad(g), g, weight, dy)
 }
 
 /// [`conv2d_input_grad`] on `path`.

@@ -16,8 +16,21 @@ pub(super) enum PassPath {
 }
 
 impl PassPath {
-    /// The path for `g` (the forward pass's `bias`, or `None` for the input gradient).
-    pub(super) fn of(g: &Conv2dGeometry, bias: Option<&[f32]>) -> Self {
+    /// The path of `g`'s forward pass with `bias`.
+    pub(super) fn forward(g: &Conv2dGeometry, bias: Option<&[f32]>) -> Self {
+        if lanes::forward_stays_direct(g) {
+            return Self::replaced(g);
+        }
+        Self::across_samples_or_replaced(g, bias)
+    }
+
+    /// The path of `g`'s input gradient.
+    pub(super) fn input_grad(g: &Conv2dGeometry) -> Self {
+        Self::across_samples_or_replaced(g, None)
+    }
+
+    /// The kernel across samples where it takes `g` (with `bias`), else the path it replaces.
+    fn across_samples_or_replaced(g: &Conv2dGeometry, bias: Option<&[f32]>) -> Self {
         if g.batch > 0
             && g.input_len() > 0
             && let Some(order) = lanes::Order::for_geometry(g, bias)
@@ -100,8 +113,12 @@ impl WeightGradPath {
     }
 }
 
-/// The names of the kernels that run `g`'s forward pass and input gradient, and its weight
-/// gradient (`fl bench --kernels`): the same choice the entry points make.
-pub(crate) fn kernel_paths(g: &Conv2dGeometry) -> (&'static str, &'static str) {
-    (PassPath::of(g, None).name(), WeightGradPath::of(g).name())
+/// The names of the kernels that run `g`'s forward pass, input gradient and weight gradient
+/// (`fl bench --kernels`): the same choice the entry points make.
+pub(crate) fn kernel_paths(g: &Conv2dGeometry) -> [&'static str; 3] {
+    [
+        PassPath::forward(g, None).name(),
+        PassPath::input_grad(g).name(),
+        WeightGradPath::of(g).name(),
+    ]
 }

@@ -652,7 +652,7 @@ fn stride_two_convolutions_from_the_planes_keep_the_im2col_bits() {
     at_every_isa(|isa| {
         for g in &shapes {
             assert_eq!(
-                matches!(PassPath::of(g, None), PassPath::Strided),
+                matches!(PassPath::input_grad(g), PassPath::Strided),
                 isa == Isa::Avx512,
                 "{g:?}: path"
             );
@@ -702,7 +702,10 @@ fn stride_two_convolutions_from_the_planes_keep_the_im2col_bits() {
             geometry([3, 64, 32, 32], [128, 1, 1], [2, 2], [(0, 0), (0, 0)]),
             geometry([3, 16, 40, 40], [32, 3, 3], [2, 2], [(1, 1), (1, 1)]),
         ] {
-            assert!(matches!(PassPath::of(&g, None), PassPath::Im2col), "{g:?}");
+            assert!(
+                matches!(PassPath::input_grad(&g), PassPath::Im2col),
+                "{g:?}"
+            );
         }
     });
 }
