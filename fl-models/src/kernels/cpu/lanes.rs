@@ -71,7 +71,8 @@ const MAX_PIXELS: usize = 64;
 const MAX_PIXELS_WIDE: usize = 256;
 /// On those maps, the share of the direct kernels' products that read the input (`fl bench
 /// --kernels`, one thread, AVX-512) at or below which this kernel takes the map: 79% on 14×14
-/// maps under 3×3 kernels (forward 8–10%, input gradient 9–14% faster here), 73% and 86% on
+/// maps under 3×3 kernels (forward 8–10%, input gradient 9–14% faster here on Zen 4; the
+/// forward pass now stays direct, [`forward_stays_direct`]), 73% and 86% on
 /// 14×14 and 16×16 maps under 5×5 kernels (25% and 8–10%); 92% on 16×16 maps under 3×3 kernels
 /// stays direct (5–11% slower across samples).
 const WIDE_USEFUL_PERCENT: usize = 88;
