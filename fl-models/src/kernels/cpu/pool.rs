@@ -109,6 +109,17 @@ fn pool_forward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], y_p: &mut [f32]
             return;
         }
     }
+    if g.kernel == [1, 1] {
+        // A window of one (ResNet's option-A shortcut subsamples this way): a strided copy.
+        let [sy, sx] = g.stride;
+        for (oy, out) in y_p.chunks_exact_mut(ow).enumerate() {
+            let row = &x_p[oy * sy * w..];
+            for (ox, o) in out.iter_mut().enumerate() {
+                *o = row[ox * sx];
+            }
+        }
+        return;
+    }
     let fast = pair && !has_nan(x_p);
     if fast {
         // The common 2×2/2 case on NaN-free data: plain comparisons, no index bookkeeping.
@@ -170,6 +181,18 @@ fn pool_backward_plane(g: &PoolGeometry, pair: bool, x_p: &[f32], dy_p: &[f32], 
         }
         // The paths below add onto a zeroed plane.
         dx_p.fill(0.0);
+    }
+    if g.kernel == [1, 1] {
+        // Each output's gradient to its one input, added onto the zeroed plane as below (so a
+        // −0 lands as +0).
+        let [sy, sx] = g.stride;
+        for (oy, grads) in dy_p.chunks_exact(ow).enumerate() {
+            let row = &mut dx_p[oy * sy * w..];
+            for (ox, &grad) in grads.iter().enumerate() {
+                row[ox * sx] += grad;
+            }
+        }
+        return;
     }
     let fast = pair && !has_nan(x_p);
     if fast {

@@ -351,6 +351,41 @@ fn max_pool_fast_paths_follow_the_first_maximum_rule() {
 }
 
 #[test]
+fn max_pool_of_one_pixel_windows_matches_the_general_rule() {
+    // ResNet's option-A shortcut: 1×1 windows, strides that skip rows and columns.
+    for stride in [[2, 2], [3, 2], [1, 1]] {
+        let input = [7, 9];
+        let output = [(7 - 1) / stride[0] + 1, (9 - 1) / stride[1] + 1];
+        let g = PoolGeometry {
+            planes: 3,
+            input,
+            kernel: [1, 1],
+            stride,
+            output,
+        };
+        let mut x = values(3 * 63, 21);
+        x[0] = f32::NAN;
+        let mut dy = values(3 * output[0] * output[1], 22);
+        dy[1] = -0.0;
+        let (y, dx) = (max_pool2d_forward(&g, &x), max_pool2d_backward(&g, &x, &dy));
+        let mut expected = vec![0.0f32; x.len()];
+        let out_plane = output[0] * output[1];
+        for p in 0..3 {
+            let plane = &x[p * 63..(p + 1) * 63];
+            for oy in 0..output[0] {
+                for ox in 0..output[1] {
+                    let (o, at) = (p * out_plane + oy * output[1] + ox, g.argmax(plane, oy, ox));
+                    assert_eq!(y[o].to_bits(), plane[at].to_bits(), "{stride:?}");
+                    expected[p * 63 + at] += dy[o];
+                }
+            }
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&dx), bits(&expected), "{stride:?}");
+    }
+}
+
+#[test]
 fn max_pool_picks_the_first_maximum_and_routes_its_gradient() {
     at_every_isa(|_| {
         let g = PoolGeometry {
