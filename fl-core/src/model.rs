@@ -124,6 +124,15 @@ pub trait BlockForward: Classifier {
     /// If `index` is not a block of the model or `x` has the wrong shape.
     fn forward_block(&self, index: usize, x: Features) -> Features;
 
+    /// Samples per chunk in which inference may run this model's feature-map blocks on
+    /// `images` chunk by chunk and still give the whole batch's outputs bit for bit (its
+    /// kernels compute each sample alone, in an order that does not depend on the batch), as
+    /// its own [`Classifier::infer`] does; `None` (the default) where that does not hold.
+    fn inference_chunk(&self, images: &Tensor<4>) -> Option<usize> {
+        let _ = images;
+        None
+    }
+
     /// Runs the blocks in order and returns every block's output (the inputs of block `i > 0`
     /// are the outputs of block `i − 1`).
     fn forward_all_blocks(&self, images: Tensor<4>) -> Vec<Features> {

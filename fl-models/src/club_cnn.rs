@@ -274,6 +274,10 @@ impl Classifier for StackedCnn {
 }
 
 impl BlockForward for StackedCnn {
+    fn inference_chunk(&self, images: &Tensor<4>) -> Option<usize> {
+        crate::common::inference_chunk(images)
+    }
+
     fn forward_block(&self, index: usize, x: Features) -> Features {
         if let Some(layer) = self.convs.get(index) {
             let mut x = self.scale(conv2d_forward(&layer.conv, x.into_map()));

@@ -108,6 +108,10 @@ impl Cnn {
 }
 
 impl BlockForward for Cnn {
+    fn inference_chunk(&self, images: &Tensor<4>) -> Option<usize> {
+        crate::common::inference_chunk(images)
+    }
+
     fn forward_block(&self, index: usize, x: Features) -> Features {
         // ReLU and max-pool commute, so both variants can pool first (less work for the ReLU).
         let conv = |conv, x: Features| {

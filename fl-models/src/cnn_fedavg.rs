@@ -77,6 +77,10 @@ impl CnnFedAvg {
 }
 
 impl BlockForward for CnnFedAvg {
+    fn inference_chunk(&self, images: &Tensor<4>) -> Option<usize> {
+        crate::common::inference_chunk(images)
+    }
+
     fn forward_block(&self, index: usize, x: Features) -> Features {
         // ReLU and max-pool commute, bit for bit both ways: pooling first leaves the ReLU a
         // quarter of the values.

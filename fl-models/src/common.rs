@@ -24,6 +24,12 @@ pub(crate) fn run_blocks<M: BlockForward>(
 /// full vectors of the kernels across samples.
 const EVAL_CHUNK: usize = 32;
 
+/// [`BlockForward::inference_chunk`] for this crate's models: [`EVAL_CHUNK`] samples where
+/// evaluation runs on the CPU kernels, whose feature-map blocks compute each sample alone.
+pub(crate) fn inference_chunk(images: &Tensor<4>) -> Option<usize> {
+    crate::kernels::chunked_inference(images).then_some(EVAL_CHUNK)
+}
+
 /// [`fl_core::Classifier::infer`] for this crate's models. On the CPU kernels, the blocks whose
 /// outputs are feature maps run on chunks of [`EVAL_CHUNK`] samples in parallel, each chunk
 /// through all of them as one task, so a chunk's maps stay in a core's caches from layer to
@@ -41,15 +47,16 @@ pub(crate) fn infer_in_chunks<M: BlockForward>(model: &M, images: Tensor<4>) -> 
         .take_while(|b| b.output_shape.len() == 3)
         .count();
     let n = images.dims()[0];
-    if maps == 0 || n <= EVAL_CHUNK || !crate::kernels::chunked_inference(&images) {
-        return model.forward(images);
-    }
-    let starts: Vec<usize> = (0..n).step_by(EVAL_CHUNK).collect();
+    let chunk = match inference_chunk(&images) {
+        Some(chunk) if maps > 0 && n > chunk => chunk,
+        _ => return model.forward(images),
+    };
+    let starts: Vec<usize> = (0..n).step_by(chunk).collect();
     let chunks = starts
         .into_par_iter()
         .map(|start| {
-            let chunk = images.clone().narrow(0, start, EVAL_CHUNK.min(n - start));
-            run_blocks(model, 0..maps, Features::Map(chunk)).into_map()
+            let x = images.clone().narrow(0, start, chunk.min(n - start));
+            run_blocks(model, 0..maps, Features::Map(x)).into_map()
         })
         .collect();
     let rest = maps..specs.len();

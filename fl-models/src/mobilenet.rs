@@ -415,6 +415,10 @@ impl MobileNet {
 }
 
 impl BlockForward for MobileNet {
+    fn inference_chunk(&self, images: &Tensor<4>) -> Option<usize> {
+        crate::common::inference_chunk(images)
+    }
+
     fn forward_block(&self, index: usize, x: Features) -> Features {
         // Blocks: stem, units…, head (if any), fc1 (with the global pooling), fc2…
         if index == 0 {

@@ -186,6 +186,10 @@ fn stages<U>(
 classifier_from_parts!(ResNet20, pooled);
 
 impl BlockForward for ResNet20 {
+    fn inference_chunk(&self, images: &Tensor<4>) -> Option<usize> {
+        crate::common::inference_chunk(images)
+    }
+
     /// Blocks `stem`, one per unit, and `head` (global pooling and the FC layer).
     fn forward_block(&self, index: usize, x: Features) -> Features {
         if index == 0 {
@@ -324,6 +328,10 @@ pub struct ResNet20Ref {
 classifier_from_parts!(ResNet20Ref, pooled);
 
 impl BlockForward for ResNet20Ref {
+    fn inference_chunk(&self, images: &Tensor<4>) -> Option<usize> {
+        crate::common::inference_chunk(images)
+    }
+
     /// Blocks `stem`, one per unit, and `head` (global pooling and the FC layer).
     fn forward_block(&self, index: usize, x: Features) -> Features {
         if index == 0 {

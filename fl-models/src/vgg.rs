@@ -124,6 +124,10 @@ impl Vgg16 {
 }
 
 impl BlockForward for Vgg16 {
+    fn inference_chunk(&self, images: &Tensor<4>) -> Option<usize> {
+        crate::common::inference_chunk(images)
+    }
+
     /// Blocks `conv0` … `conv12` (the last one flattens its map), `fc1`, `fc2`, `fc3`.
     fn forward_block(&self, index: usize, x: Features) -> Features {
         if let Some(unit) = self.features.get(index) {

@@ -156,6 +156,10 @@ impl Classifier for ZooModel {
 }
 
 impl BlockForward for ZooModel {
+    fn inference_chunk(&self, images: &Tensor<4>) -> Option<usize> {
+        crate::common::inference_chunk(images)
+    }
+
     fn forward_block(&self, index: usize, x: Features) -> Features {
         match self {
             Self::Stacked(m) => m.forward_block(index, x),
@@ -293,6 +297,63 @@ mod tests {
             }
         }
         assert!(ZooModel::new(ModelKind::Vgg16, [3, 32, 32], 10, &d).is_err());
+    }
+
+    /// A candidate's chunked inference (`infer_candidate`, pFedClub's matching and teachers)
+    /// gives `forward_candidate`'s logits bit for bit on every kernel tier: blocks of CNNs and
+    /// MobileNets joined by stitches of every kind (a map shrunk by pooling, one grown by
+    /// interpolation, a map to a vector, a vector to a map, vectors), on 40 samples (a full
+    /// chunk and a partial one).
+    #[cfg(feature = "flex")]
+    #[test]
+    fn chunked_candidates_give_the_logits_of_forward() {
+        use ModelKind::*;
+        use fl_core::strategy::pfedclub::cmsr::BlockRef;
+        use fl_core::strategy::pfedclub::stitch::{
+            Stitches, forward_candidate, infer_candidate, stitch_shapes,
+        };
+        use rand::SeedableRng;
+        let d = Device::flex();
+        let kinds = [Cnn1, Cnn3, MobilenetV2, Cnn4, MobilenetV3];
+        let models: Vec<ZooModel> = kinds
+            .iter()
+            .map(|&k| ZooModel::new(k, [1, 28, 28], 10, &d).unwrap())
+            .collect();
+        let specs: Vec<Vec<BlockSpec>> = models.iter().map(|m| m.blocks()).collect();
+        let last = |m: usize| specs[m].len() - 1;
+        let candidates = [
+            // Shrinking maps, then a map into an FC layer and the logits.
+            vec![(0, 0), (1, 1), (2, 3), (3, last(3) - 1), (3, last(3))],
+            // A map grown back to 28×28, a vector reshaped into a map.
+            vec![
+                (4, 0),
+                (0, 0),
+                (2, 2),
+                (1, last(1) - 1),
+                (2, 1),
+                (4, last(4)),
+            ],
+            // One model's own blocks: no stitch.
+            (0..=last(3)).map(|b| (3, b)).collect(),
+        ];
+        let x = Tensor::<4>::random([40, 1, 28, 28], Distribution::Default, &d);
+        let bits = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+        for (i, parts) in candidates.iter().enumerate() {
+            let parts: Vec<BlockRef> = parts
+                .iter()
+                .map(|&(model, block)| BlockRef { model, block })
+                .collect();
+            let shapes = stitch_shapes(&parts, &specs, &[1, 28, 28], 10);
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(i as u64);
+            let stitches = Stitches::new(&shapes, &mut rng, &d);
+            crate::kernels::cpu::tests::at_every_isa(|isa| {
+                assert_eq!(
+                    bits(infer_candidate(&models, &parts, &stitches, x.clone())),
+                    bits(forward_candidate(&models, &parts, &stitches, x.clone())),
+                    "candidate {i}, {isa:?}"
+                );
+            });
+        }
     }
 
     /// A frozen model is a fixed function even on the training device: no dropout, BatchNorm

@@ -136,7 +136,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
                 let mut timer = Instant::now();
                 let own_logits: Vec<Tensor<2>> = match_batches
                     .iter()
-                    .map(|images| inference[own].forward(images.clone()))
+                    .map(|images| inference[own].infer(images.clone()))
                     .collect();
                 let mut best: Option<(f64, Vec<BlockRef>, Stitches)> = None;
                 for parts in &found {
@@ -160,7 +160,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
                     seconds[1] += timer.elapsed().as_secs_f64();
                     timer = Instant::now();
                     let run =
-                        |images| stitch::forward_candidate(&inference, parts, &stitches, images);
+                        |images| stitch::infer_candidate(&inference, parts, &stitches, images);
                     let score = score(&run, &own_logits);
                     if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
                         best = Some((score, parts.clone(), stitches));

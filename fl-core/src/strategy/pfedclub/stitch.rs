@@ -13,6 +13,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use fl_data::{Dataset, Normalization};
 use rand::Rng;
 use rand::seq::SliceRandom;
+use rayon::prelude::*;
 
 use super::cmsr::BlockRef;
 use crate::layers::BlockSpec;
@@ -194,6 +195,56 @@ pub fn forward_candidate<M: BlockForward>(
     x.into_flat()
 }
 
+/// [`forward_candidate`]'s logits bit for bit, faster: where every model it uses allows it
+/// ([`BlockForward::inference_chunk`]), the parts whose outputs are feature maps (with the
+/// stitches before them, which map each pixel or sample alone) run on chunks of the batch in
+/// parallel, each chunk through all of them as one task so that its maps stay in a core's
+/// caches, as the models' own [`Classifier::infer`](crate::Classifier::infer) does; the rest
+/// runs on the whole batch.
+pub fn infer_candidate<M: BlockForward>(
+    models: &[M],
+    parts: &[BlockRef],
+    stitches: &Stitches,
+    images: Tensor<4>,
+) -> Tensor<2> {
+    let n = images.dims()[0];
+    let maps = parts
+        .iter()
+        .take_while(|p| models[p.model].blocks()[p.block].output_shape.len() == 3)
+        .count();
+    let chunk = parts
+        .iter()
+        .map(|p| models[p.model].inference_chunk(&images))
+        .min()
+        .flatten();
+    let chunk = match chunk {
+        Some(chunk) if maps > 0 && n > chunk => chunk,
+        _ => return forward_candidate(models, parts, stitches, images),
+    };
+    let run = |x: Features, range: std::ops::Range<usize>| {
+        range.fold(x, |x, k| {
+            let x = match &stitches.layers[k] {
+                Some(s) => s.forward(x),
+                None => x,
+            };
+            models[parts[k].model].forward_block(parts[k].block, x)
+        })
+    };
+    let starts: Vec<usize> = (0..n).step_by(chunk).collect();
+    let chunks: Vec<Tensor<4>> = starts
+        .into_par_iter()
+        .map(|start| {
+            let x = images.clone().narrow(0, start, chunk.min(n - start));
+            run(Features::Map(x), 0..maps).into_map()
+        })
+        .collect();
+    let mut x = run(Features::Map(Tensor::cat(chunks, 0)), maps..parts.len());
+    if let Some(head) = &stitches.layers[parts.len()] {
+        x = head.forward(x);
+    }
+    x.into_flat()
+}
+
 /// How stitching layers are fine-tuned on the public data.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StitchTraining {
@@ -362,7 +413,7 @@ pub struct Teacher<M> {
 impl<M: BlockForward> Teacher<M> {
     /// The teacher's logits (no gradient).
     pub fn logits(&self, images: Tensor<4>) -> Tensor<2> {
-        forward_candidate(&self.models, &self.parts, &self.stitches, images)
+        infer_candidate(&self.models, &self.parts, &self.stitches, images)
     }
 }
 
