@@ -123,7 +123,7 @@ impl<M: Classifier> LocalObjective for FcclClient<M> {
         self.teachers
             .iter()
             .map(|t| {
-                let logits = t.forward(batch.images.clone().inner());
+                let logits = t.infer(batch.images.clone().inner());
                 let p = softmax(logits.clone(), 1);
                 (p * (log_softmax(logits, 1) - log_q.clone()))
                     .sum_dim(1)

@@ -82,7 +82,7 @@ fn ensemble<M: Classifier>(members: &[M], images: &Tensor<4>) -> Tensor<2> {
     let n = members.len() as f64;
     members
         .iter()
-        .map(|m| m.forward(images.clone().inner()))
+        .map(|m| m.infer(images.clone().inner()))
         .reduce(|a, b| a + b)
         .expect("at least one member")
         .div_scalar(n)
@@ -100,7 +100,7 @@ pub fn ensemble_gap<M: Classifier>(
     let device = model.devices().into_iter().next().expect("a device");
     let (images, _) = make_batch(public.data, public.normalization, samples, &device);
     let teacher = ensemble(members, &images);
-    distillation(teacher, model.forward(images), t).into_scalar::<f32>() as f64
+    distillation(teacher, model.infer(images), t).into_scalar::<f32>() as f64
 }
 
 /// The server step: the uploaded knowledge networks averaged (weighted), then the average

@@ -107,7 +107,7 @@ pub fn scores<M: Classifier>(
         .flat_map(|chunk| {
             let (images, _) = make_batch(public.data, public.normalization, chunk, &device);
             let logits: Vec<f32> = model
-                .forward(images)
+                .infer(images)
                 .into_data()
                 .try_into_vec()
                 .expect("f32 logits");

@@ -195,7 +195,7 @@ impl<M: BlockForward> PFedClub<'_, M> {
                     }
                 };
                 let logits: Vec<Tensor<2>> =
-                    batches.iter().map(|b| model.forward(b.clone())).collect();
+                    batches.iter().map(|b| model.infer(b.clone())).collect();
                 let mut best: Option<(f64, usize)> = None;
                 for (k, t) in tuned.iter().enumerate() {
                     let score = agreement(&batches, &logits, &|x| t.teacher.logits(x));
