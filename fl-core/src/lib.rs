@@ -30,6 +30,6 @@ pub(crate) mod test_model;
 
 pub use engine::{ClientModels, EngineConfig, EngineError, RoundMetrics, RunSummary, Simulation};
 pub use layers::{BlockSpec, Granularity, ParamTable};
-pub use model::{BlockForward, Classifier, Features};
+pub use model::{BlockForward, Classifier, Features, map_in_chunks};
 pub use strategy::{Evaluation, Evaluator, FedAvg, RoundContext, RoundPlan, Strategy};
 pub use trainer::{LocalObjective, TrainConfig};

@@ -2,6 +2,7 @@
 
 use burn::module::Module;
 use burn::tensor::Tensor;
+use rayon::prelude::*;
 
 use crate::layers::BlockSpec;
 
@@ -109,6 +110,26 @@ impl Features {
             Self::Flat(x) => Self::Flat(x.detach()),
         }
     }
+}
+
+/// `f` applied in parallel to consecutive chunks of `chunk` samples of `images` (the last one
+/// possibly shorter), its outputs concatenated in order: how inference runs feature-map blocks
+/// chunk by chunk ([`BlockForward::inference_chunk`]).
+///
+/// # Panics
+/// If `chunk` is 0.
+pub fn map_in_chunks<F>(images: Tensor<4>, chunk: usize, f: F) -> Tensor<4>
+where
+    F: Fn(Tensor<4>) -> Tensor<4> + Sync + Send,
+{
+    assert!(chunk > 0, "map_in_chunks: chunks of 0 samples");
+    let n = images.dims()[0];
+    let starts: Vec<usize> = (0..n).step_by(chunk).collect();
+    let outputs = starts
+        .into_par_iter()
+        .map(|start| f(images.clone().narrow(0, start, chunk.min(n - start))))
+        .collect();
+    Tensor::cat(outputs, 0)
 }
 
 /// A [`Classifier`] whose declared blocks can be run one at a time: what block-level model

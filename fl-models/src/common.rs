@@ -7,8 +7,7 @@ use burn::nn::{BatchNorm, BatchNormConfig, Initializer, Linear, LinearConfig, Pa
 use burn::tensor::{Device, Tensor, TensorData};
 use fl_core::layers::BlockSpec;
 use fl_core::rng::forward_bernoulli;
-use fl_core::{BlockForward, Features};
-use rayon::prelude::*;
+use fl_core::{BlockForward, Features, map_in_chunks};
 
 /// Runs blocks `blocks` of `model` in order on `x`.
 pub(crate) fn run_blocks<M: BlockForward>(
@@ -51,16 +50,10 @@ pub(crate) fn infer_in_chunks<M: BlockForward>(model: &M, images: Tensor<4>) -> 
         Some(chunk) if maps > 0 && n > chunk => chunk,
         _ => return model.forward(images),
     };
-    let starts: Vec<usize> = (0..n).step_by(chunk).collect();
-    let chunks = starts
-        .into_par_iter()
-        .map(|start| {
-            let x = images.clone().narrow(0, start, chunk.min(n - start));
-            run_blocks(model, 0..maps, Features::Map(x)).into_map()
-        })
-        .collect();
-    let rest = maps..specs.len();
-    run_blocks(model, rest, Features::Map(Tensor::cat(chunks, 0))).into_flat()
+    let maps_out = map_in_chunks(images, chunk, |x| {
+        run_blocks(model, 0..maps, Features::Map(x)).into_map()
+    });
+    run_blocks(model, maps..specs.len(), Features::Map(maps_out)).into_flat()
 }
 
 /// A square convolution `in → out` with kernel `k`, `stride`, symmetric zero `padding` and

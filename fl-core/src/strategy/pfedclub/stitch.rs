@@ -13,11 +13,10 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use fl_data::{Dataset, Normalization};
 use rand::Rng;
 use rand::seq::SliceRandom;
-use rayon::prelude::*;
 
 use super::cmsr::BlockRef;
 use crate::layers::BlockSpec;
-use crate::model::{BlockForward, Features};
+use crate::model::{BlockForward, Features, map_in_chunks};
 use crate::trainer::{BatchContext, FusedAdam, LocalObjective, make_batch};
 
 /// A stitching layer `ReLU(Wᵀx + b)` that maps one block's output shape to the next block's
@@ -182,17 +181,39 @@ pub fn forward_candidate<M: BlockForward>(
     stitches: &Stitches,
     images: Tensor<4>,
 ) -> Tensor<2> {
-    let mut x = Features::Map(images);
-    for (k, part) in parts.iter().enumerate() {
-        if let Some(s) = &stitches.layers[k] {
-            x = s.forward(x);
-        }
-        x = models[part.model].forward_block(part.block, x);
+    let x = run_parts(
+        models,
+        parts,
+        stitches,
+        0..parts.len(),
+        Features::Map(images),
+    );
+    to_logits(&stitches.layers[parts.len()], x)
+}
+
+/// Parts `range` of a candidate (each after its stitch, if any) on `x`.
+fn run_parts<M: BlockForward>(
+    models: &[M],
+    parts: &[BlockRef],
+    stitches: &Stitches,
+    range: std::ops::Range<usize>,
+    x: Features,
+) -> Features {
+    range.fold(x, |x, k| {
+        let x = match &stitches.layers[k] {
+            Some(s) => s.forward(x),
+            None => x,
+        };
+        models[parts[k].model].forward_block(parts[k].block, x)
+    })
+}
+
+/// The last part's output through `head`, the stitch to the logits (if any).
+fn to_logits(head: &Option<Stitch>, x: Features) -> Tensor<2> {
+    match head {
+        Some(head) => head.forward(x).into_flat(),
+        None => x.into_flat(),
     }
-    if let Some(head) = &stitches.layers[parts.len()] {
-        x = head.forward(x);
-    }
-    x.into_flat()
 }
 
 /// [`forward_candidate`]'s logits bit for bit, faster: where every model it uses allows it
@@ -221,28 +242,17 @@ pub fn infer_candidate<M: BlockForward>(
         Some(chunk) if maps > 0 && n > chunk => chunk,
         _ => return forward_candidate(models, parts, stitches, images),
     };
-    let run = |x: Features, range: std::ops::Range<usize>| {
-        range.fold(x, |x, k| {
-            let x = match &stitches.layers[k] {
-                Some(s) => s.forward(x),
-                None => x,
-            };
-            models[parts[k].model].forward_block(parts[k].block, x)
-        })
-    };
-    let starts: Vec<usize> = (0..n).step_by(chunk).collect();
-    let chunks: Vec<Tensor<4>> = starts
-        .into_par_iter()
-        .map(|start| {
-            let x = images.clone().narrow(0, start, chunk.min(n - start));
-            run(Features::Map(x), 0..maps).into_map()
-        })
-        .collect();
-    let mut x = run(Features::Map(Tensor::cat(chunks, 0)), maps..parts.len());
-    if let Some(head) = &stitches.layers[parts.len()] {
-        x = head.forward(x);
-    }
-    x.into_flat()
+    let maps_out = map_in_chunks(images, chunk, |x| {
+        run_parts(models, parts, stitches, 0..maps, Features::Map(x)).into_map()
+    });
+    let x = run_parts(
+        models,
+        parts,
+        stitches,
+        maps..parts.len(),
+        Features::Map(maps_out),
+    );
+    to_logits(&stitches.layers[parts.len()], x)
 }
 
 /// How stitching layers are fine-tuned on the public data.
