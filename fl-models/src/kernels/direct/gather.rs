@@ -15,10 +15,13 @@ use super::{LANES, pack_input_tiles};
 use crate::kernels::cpu::{Aligned, Conv2dGeometry};
 use rayon::prelude::*;
 
-/// Input channels per register tile of [`input_grad`]: eight channels × one pixel vector,
-/// two accumulators each (the running total and the tap's sum). Measured against 4 × 3, 6 × 2,
-/// 4 × 2 and 2 × 6 on ResNet-20's, VGG-16's and CNN3's layers: as fast or faster everywhere
-/// (a tap's output-gradient reads stay one vector per channel).
+/// Input channels per register tile of [`input_grad`]. On AVX-512 a tile is these eight
+/// channels × two pixel vectors: sixteen tap chains in registers, and sixteen running totals
+/// that the compiler keeps partly on the stack (touched once per tap). With one pixel vector
+/// (eight chains, each output-gradient load feeding eight multiply-adds and each weight
+/// broadcast one) the input gradient ran 8–30% slower on ResNet-20's 32×32 and 16×16 layers,
+/// VGG-16's first two blocks and CNN4's 32×32 and 28×28 layers; three vectors fell between
+/// (`fl bench --kernels --threads 1`, fifty-second session).
 const INPUT_TILE: usize = 8;
 
 /// Whether gathering computes at most a tenth more vector lanes than the scatter would:
@@ -53,11 +56,11 @@ pub(super) fn input_grad(g: &Conv2dGeometry, weight: &[f32], dy: &[f32]) -> Vec<
                     // buffers' lengths.
                     unsafe {
                         let args = (g, &border, &bordered[..], &packed[..]);
-                        // AVX2: four channels × two 8-lane vectors at a time (8 of its 16
-                        // registers for the chains; the running totals wait in memory between
-                        // taps).
+                        // AVX-512: eight channels × two vectors (see `INPUT_TILE`). AVX2: four
+                        // channels × two 8-lane vectors at a time (8 of its 16 registers for
+                        // the chains; the running totals wait in memory between taps).
                         if super::avx512() {
-                            tiles::gather_avx512::<INPUT_TILE, INPUT_TILE, 1>(args, &vectors, dx_n)
+                            tiles::gather_avx512::<INPUT_TILE, INPUT_TILE, 2>(args, &vectors, dx_n)
                         } else {
                             tiles::gather_avx2::<INPUT_TILE, 4, 2>(args, &vectors, dx_n)
                         }

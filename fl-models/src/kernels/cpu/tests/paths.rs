@@ -347,11 +347,13 @@ fn direct_kernels_by_rows_keep_the_wide_bits() {
 
 #[test]
 fn gathered_input_gradients_keep_the_scatter_bits() {
-    // Wide layouts the input gradient gathers (28×28 and 14×14 maps under "same" 3×3 kernels, a
-    // partial channel tile, asymmetric padding), and one it scatters (an unpadded 5×5 layer:
-    // every input pixel would gather 25 taps for a 10×10 map).
+    // Wide layouts the input gradient gathers (28×28, 15×15 and 14×14 maps under "same" 3×3
+    // kernels; a partial channel tile; asymmetric padding; 15 rows of one vector, an odd count,
+    // so that a tile of one vector ends each channel on AVX-512), and one it scatters (an
+    // unpadded 5×5 layer: every input pixel would gather 25 taps for a 10×10 map).
     let gathered = [
         geometry([2, 13, 28, 28], [8, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+        geometry([2, 16, 15, 15], [12, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([3, 16, 14, 14], [24, 3, 3], [1, 1], [(1, 1), (1, 1)]),
         geometry([2, 8, 11, 30], [9, 3, 3], [1, 1], [(2, 0), (0, 2)]),
     ];
