@@ -171,9 +171,9 @@ mod tiles {
     use std::mem::MaybeUninit;
 
     /// The forward sums by [`RowVectors`]: tiles of `R` of a packed block's `C` channels × `P`
-    /// vectors (then single vectors), stored masked to each row into `out` `[c_out, oh, ow]`
-    /// (whose every element the vectors' masks cover; masked stores read nothing, so nothing
-    /// uninitialised is read).
+    /// vectors (then pairs of vectors, then single ones), stored masked to each row into `out`
+    /// `[c_out, oh, ow]` (whose every element the vectors' masks cover; masked stores read
+    /// nothing, so nothing uninitialised is read).
     ///
     /// # Safety
     /// The CPU supports `V`'s tier; `C` is `wide.channel_tile`, `R` divides it, and `c_out`
@@ -191,23 +191,49 @@ mod tiles {
         // Vectors built for a wider unit would leave lanes unwritten.
         assert_eq!(rows.unit, V::WIDTH, "row vectors of another width");
         let main = count - count % P;
+        // The vectors left over go two at a time, then one: a tile of one vector has only `R`
+        // chains, too few for two FMA ports of four cycles' latency (on 14×14 maps two of
+        // every channel's 14 vectors were left over).
+        let pairs = if P > 2 {
+            main + (count - main) / 2 * 2
+        } else {
+            main
+        };
+        let parts = [0..main, main..pairs, pairs..count];
         // SAFETY: the caller upholds this function's contract.
         unsafe {
             // As many stores per vector as the vectors reach rows.
             match rows.parts {
-                1 => {
-                    forward_row_tiles::<V, C, R, P, 1>(args, rows, 0..main, c_out, out);
-                    forward_row_tiles::<V, C, R, 1, 1>(args, rows, main..count, c_out, out);
-                }
-                2 => {
-                    forward_row_tiles::<V, C, R, P, 2>(args, rows, 0..main, c_out, out);
-                    forward_row_tiles::<V, C, R, 1, 2>(args, rows, main..count, c_out, out);
-                }
-                _ => {
-                    forward_row_tiles::<V, C, R, P, 3>(args, rows, 0..main, c_out, out);
-                    forward_row_tiles::<V, C, R, 1, 3>(args, rows, main..count, c_out, out);
-                }
+                1 => forward_row_parts::<V, C, R, P, 1>(args, rows, parts, c_out, out),
+                2 => forward_row_parts::<V, C, R, P, 2>(args, rows, parts, c_out, out),
+                _ => forward_row_parts::<V, C, R, P, 3>(args, rows, parts, c_out, out),
             }
+        }
+    }
+
+    /// [`forward_row_tiles`] over `parts`: vectors in tiles of `P`, of two, and of one.
+    ///
+    /// # Safety
+    /// As [`forward_rows`]'s; each part holds a multiple of its tile's vectors.
+    #[inline(always)]
+    unsafe fn forward_row_parts<
+        V: Lanes,
+        const C: usize,
+        const R: usize,
+        const P: usize,
+        const S: usize,
+    >(
+        args: (&Wide, &[f32], &[f32], &[f32]),
+        rows: &RowVectors,
+        [by_p, by_two, by_one]: [std::ops::Range<usize>; 3],
+        c_out: usize,
+        out: &mut [MaybeUninit<f32>],
+    ) {
+        // SAFETY: the caller upholds this function's contract.
+        unsafe {
+            forward_row_tiles::<V, C, R, P, S>(args, rows, by_p, c_out, out);
+            forward_row_tiles::<V, C, R, 2, S>(args, rows, by_two, c_out, out);
+            forward_row_tiles::<V, C, R, 1, S>(args, rows, by_one, c_out, out);
         }
     }
 
