@@ -193,12 +193,8 @@ mod tiles {
         let main = count - count % P;
         // The vectors left over go two at a time, then one: a tile of one vector has only `R`
         // chains, too few for two FMA ports of four cycles' latency (on 14×14 maps two of
-        // every channel's 14 vectors were left over).
-        let pairs = if P > 2 {
-            main + (count - main) / 2 * 2
-        } else {
-            main
-        };
+        // every channel's 14 vectors were left over). With `P` ≤ 2 no pair is left over.
+        let pairs = count - (count - main) % 2;
         let parts = [0..main, main..pairs, pairs..count];
         // SAFETY: the caller upholds this function's contract.
         unsafe {
