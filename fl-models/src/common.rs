@@ -1,7 +1,7 @@
 //! Building blocks shared by the models: convolution helpers, a deterministic dropout, shape
 //! arithmetic and block declarations.
 
-use burn::module::{Flag, Module, Param};
+use burn::module::{Flag, Module, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Initializer, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::{Device, Tensor, TensorData};
@@ -23,6 +23,14 @@ pub(crate) fn run_blocks<M: BlockForward>(
 /// full vectors of the kernels across samples.
 const EVAL_CHUNK: usize = 32;
 
+/// [`infer_in_chunks`] runs a feature-map block on the whole batch, with the blocks after it,
+/// once its weights outnumber this many times its inputs in a chunk: VGG-16's 512-channel
+/// layers on 3×3 and 1×1 maps (16× at 1×28×28), CNN3's 5×5 layer on 3×3 maps (22×),
+/// MobileNetV2's late units. With 1 instead of 4, MobileNetV1's 512-channel units (about 1×)
+/// and CNN3's layer on 7×7 maps (2×) went too, and their evaluations came out 4% (1.04–1.05)
+/// and 16% (1.01–1.31) slower (`bench/ab.py`, two quads each).
+const WHOLE_BATCH_WEIGHTS: usize = 4;
+
 /// [`BlockForward::inference_chunk`] for this crate's models: [`EVAL_CHUNK`] samples where
 /// evaluation runs on the CPU kernels, whose feature-map blocks compute each sample alone.
 pub(crate) fn inference_chunk(images: &Tensor<4>) -> Option<usize> {
@@ -34,11 +42,16 @@ pub(crate) fn inference_chunk(images: &Tensor<4>) -> Option<usize> {
 /// through all of them as one task, so a chunk's maps stay in a core's caches from layer to
 /// layer instead of the whole batch's streaming through memory at every layer (ResNet-20's
 /// first maps are 33 MB for the 500-sample evaluation batch); the blocks after them (pooling
-/// and the classifier) run on the whole batch, as in `forward`. The logits are `forward`'s bit
-/// for bit: those kernels compute each sample alone, in an order that does not depend on the
-/// batch (a test checks every model on every instruction tier). The flat blocks are kept whole
-/// because that does not hold for them: with its classifier block run per chunk, MobileNetV2's
-/// evaluation loss after a FedAvg round changed in the last bits.
+/// and the classifier) run on the whole batch, as in `forward`. So do the map blocks from the
+/// first one with [`WHOLE_BATCH_WEIGHTS`] times more weights than a chunk has inputs: the
+/// kernels pack a layer's weights on every call, and once per chunk that packing outweighed
+/// the small maps' traffic (VGG-16's 512-channel layers on 3×3 and 1×1 maps; the packing was
+/// 7.7% of its evaluation at 1×28×28 in `perf`). The
+/// logits are `forward`'s bit for bit: those kernels compute each sample alone, in an order
+/// that does not depend on the batch (a test checks every model on every instruction tier).
+/// The flat blocks are kept whole because that does not hold for them: with its classifier
+/// block run per chunk, MobileNetV2's evaluation loss after a FedAvg round changed in the last
+/// bits.
 pub(crate) fn infer_in_chunks<M: BlockForward>(model: &M, images: Tensor<4>) -> Tensor<2> {
     let specs = model.blocks();
     let maps = specs
@@ -50,10 +63,56 @@ pub(crate) fn infer_in_chunks<M: BlockForward>(model: &M, images: Tensor<4>) -> 
         Some(chunk) if maps > 0 && n > chunk => chunk,
         _ => return model.forward(images),
     };
+    let weights = block_weights(model, &specs[..maps]);
+    let inputs = |b: &BlockSpec| chunk * b.input_shape.iter().product::<usize>();
+    let chunked = (0..maps)
+        .find(|&i| weights[i] > WHOLE_BATCH_WEIGHTS * inputs(&specs[i]))
+        .unwrap_or(maps);
+    if chunked == 0 {
+        return model.forward(images);
+    }
     let maps_out = map_in_chunks(images, chunk, |x| {
-        run_blocks(model, 0..maps, Features::Map(x)).into_map()
+        run_blocks(model, 0..chunked, Features::Map(x)).into_map()
     });
-    run_blocks(model, maps..specs.len(), Features::Map(maps_out)).into_flat()
+    run_blocks(model, chunked..specs.len(), Features::Map(maps_out)).into_flat()
+}
+
+/// The number of weights (float parameters) in each of `specs`' blocks of `model`.
+pub(crate) fn block_weights<M: Module>(model: &M, specs: &[BlockSpec]) -> Vec<usize> {
+    /// Adds each float tensor's size to the blocks whose module prefixes match its path.
+    struct Sizes<'a> {
+        path: Vec<String>,
+        specs: &'a [BlockSpec],
+        sizes: Vec<usize>,
+    }
+    impl ModuleVisitor for Sizes<'_> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let path = self.path.join(".");
+            let inside = |prefix: &String| {
+                path.strip_prefix(prefix.as_str())
+                    .is_some_and(|rest| rest.starts_with('.'))
+            };
+            let size = param.val().dims().iter().product::<usize>();
+            for (spec, total) in self.specs.iter().zip(&mut self.sizes) {
+                if spec.modules.iter().any(inside) {
+                    *total += size;
+                }
+            }
+        }
+    }
+    let mut sizes = Sizes {
+        path: Vec::new(),
+        specs,
+        sizes: vec![0; specs.len()],
+    };
+    model.visit(&mut sizes);
+    sizes.sizes
 }
 
 /// A square convolution `in → out` with kernel `k`, `stride`, symmetric zero `padding` and

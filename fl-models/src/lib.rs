@@ -265,6 +265,7 @@ macro_rules! with_model {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::module::Module;
     use burn::nn::loss::CrossEntropyLossConfig;
     use burn::optim::{GradientsParams, SgdConfig};
     use burn::tensor::{Device, Distribution, Int, Tensor};
@@ -393,6 +394,29 @@ mod tests {
                 }
             }
         });
+    }
+
+    /// Every weight of a model lies in exactly one of its declared blocks, so the sizes by which
+    /// chunked evaluation picks the blocks it runs on the whole batch add up to the model's.
+    #[test]
+    fn block_weights_add_up_to_the_model() {
+        let d = Device::flex();
+        for &kind in ModelKind::all() {
+            for shape in [[1, 28, 28], [3, 32, 32]] {
+                with_model!(kind, shape, 10, &d, |m| {
+                    let sizes = crate::common::block_weights(&m, &m.blocks());
+                    assert!(
+                        sizes.iter().all(|&s| s > 0),
+                        "{kind}: a block without weights"
+                    );
+                    assert_eq!(
+                        sizes.iter().sum::<usize>(),
+                        m.num_params(),
+                        "{kind} at {shape:?}"
+                    );
+                });
+            }
+        }
     }
 
     /// One SGD step on the autodiff CPU backend changes the weights and keeps them finite.
