@@ -25,10 +25,10 @@ const EVAL_CHUNK: usize = 32;
 
 /// [`infer_in_chunks`] runs a feature-map block on the whole batch, with the blocks after it,
 /// once its weights outnumber this many times its inputs in a chunk: VGG-16's 512-channel
-/// layers on 3×3 and 1×1 maps (16× at 1×28×28), CNN3's 5×5 layer on 3×3 maps (22×),
-/// MobileNetV2's late units. With 1 instead of 4, MobileNetV1's 512-channel units (about 1×)
-/// and CNN3's layer on 7×7 maps (2×) went too, and their evaluations came out 4% (1.04–1.05)
-/// and 16% (1.01–1.31) slower (`bench/ab.py`, two quads each).
+/// layers on 3×3 and 1×1 maps (16× at 1×28×28), CNN3's last map block (22×), the
+/// MobileNets' last units. With 1 instead of 4, MobileNetV1's 512-channel units (1.03×) and
+/// CNN3's layers on 7×7 maps (2×) went too, and their evaluations came out 4% (1.04–1.05) and
+/// 16% (1.01–1.31) slower (`bench/ab.py`, two quads each).
 const WHOLE_BATCH_WEIGHTS: usize = 4;
 
 /// [`BlockForward::inference_chunk`] for this crate's models: [`EVAL_CHUNK`] samples where
