@@ -26,9 +26,9 @@ const EVAL_CHUNK: usize = 32;
 /// [`infer_in_chunks`] runs a feature-map block on the whole batch, with the blocks after it,
 /// once its weights outnumber this many times its inputs in a chunk: VGG-16's 512-channel
 /// layers on 3×3 and 1×1 maps (16× at 1×28×28), CNN3's last map block (22×), the
-/// MobileNets' last units. With 1 instead of 4, MobileNetV1's 512-channel units (1.03×) and
-/// CNN3's layers on 7×7 maps (2×) went too, and their evaluations came out 4% (1.04–1.05) and
-/// 16% (1.01–1.31) slower (`bench/ab.py`, two quads each).
+/// MobileNets' last units. With 1 instead of 4 (VGG-16 from its 7×7 maps, 1.5×), MobileNetV1's
+/// 512-channel units (1.03×) went too and its evaluation came out 3% slower (1.02–1.04), where
+/// VGG-16's and CNN3's ran the same (`bench/ab.py` of the two rules, two quads each).
 const WHOLE_BATCH_WEIGHTS: usize = 4;
 
 /// [`BlockForward::inference_chunk`] for this crate's models: [`EVAL_CHUNK`] samples where
