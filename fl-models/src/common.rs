@@ -46,12 +46,11 @@ pub(crate) fn inference_chunk(images: &Tensor<4>) -> Option<usize> {
 /// first one with [`WHOLE_BATCH_WEIGHTS`] times more weights than a chunk has inputs: the
 /// kernels pack a layer's weights on every call, and once per chunk that packing outweighed
 /// the small maps' traffic (VGG-16's 512-channel layers on 3×3 and 1×1 maps; the packing was
-/// 7.7% of its evaluation at 1×28×28 in `perf`). The
-/// logits are `forward`'s bit for bit: those kernels compute each sample alone, in an order
-/// that does not depend on the batch (a test checks every model on every instruction tier).
-/// The flat blocks are kept whole because that does not hold for them: with its classifier
-/// block run per chunk, MobileNetV2's evaluation loss after a FedAvg round changed in the last
-/// bits.
+/// 7.7% of its evaluation at 1×28×28 in `perf`). The logits are `forward`'s bit for bit: those
+/// kernels compute each sample alone, in an order that does not depend on the batch (a test
+/// checks every model on every instruction tier). The flat blocks are kept whole because that
+/// does not hold for them: with its classifier block run per chunk, MobileNetV2's evaluation
+/// loss after a FedAvg round changed in the last bits.
 pub(crate) fn infer_in_chunks<M: BlockForward>(model: &M, images: Tensor<4>) -> Tensor<2> {
     let specs = model.blocks();
     let maps = specs
