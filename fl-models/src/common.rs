@@ -1,13 +1,13 @@
 //! Building blocks shared by the models: convolution helpers, a deterministic dropout, shape
 //! arithmetic and block declarations.
 
-use burn::module::{Flag, Module, ModuleVisitor, Param};
+use burn::module::{Flag, Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Initializer, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::{Device, Tensor, TensorData};
 use fl_core::layers::BlockSpec;
 use fl_core::rng::forward_bernoulli;
-use fl_core::{BlockForward, Features, map_in_chunks};
+use fl_core::{BlockForward, Features, ParamTable, map_in_chunks};
 
 /// Runs blocks `blocks` of `model` in order on `x`.
 pub(crate) fn run_blocks<M: BlockForward>(
@@ -62,7 +62,7 @@ pub(crate) fn infer_in_chunks<M: BlockForward>(model: &M, images: Tensor<4>) -> 
         Some(chunk) if maps > 0 && n > chunk => chunk,
         _ => return model.forward(images),
     };
-    let weights = block_weights(model, &specs[..maps]);
+    let weights = block_weights(model, &specs);
     let inputs = |b: &BlockSpec| chunk * b.input_shape.iter().product::<usize>();
     let chunked = (0..maps)
         .find(|&i| weights[i] > WHOLE_BATCH_WEIGHTS * inputs(&specs[i]))
@@ -76,42 +76,24 @@ pub(crate) fn infer_in_chunks<M: BlockForward>(model: &M, images: Tensor<4>) -> 
     run_blocks(model, chunked..specs.len(), Features::Map(maps_out)).into_flat()
 }
 
-/// The number of weights (float parameters) in each of `specs`' blocks of `model`.
+/// The number of weights (float tensors' elements, buffers included) in each of `model`'s
+/// blocks `specs` (all of them: the layout checks that they cover every tensor), as
+/// [`ParamTable`]'s layout assigns tensors to blocks by their module prefixes.
 pub(crate) fn block_weights<M: Module>(model: &M, specs: &[BlockSpec]) -> Vec<usize> {
-    /// Adds each float tensor's size to the blocks whose module prefixes match its path.
-    struct Sizes<'a> {
-        path: Vec<String>,
-        specs: &'a [BlockSpec],
-        sizes: Vec<usize>,
-    }
-    impl ModuleVisitor for Sizes<'_> {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let path = self.path.join(".");
-            let inside = |prefix: &String| {
-                path.strip_prefix(prefix.as_str())
-                    .is_some_and(|rest| rest.starts_with('.'))
-            };
-            let size = param.val().dims().iter().product::<usize>();
-            for (spec, total) in self.specs.iter().zip(&mut self.sizes) {
-                if spec.modules.iter().any(inside) {
-                    *total += size;
-                }
-            }
-        }
-    }
-    let mut sizes = Sizes {
-        path: Vec::new(),
-        specs,
-        sizes: vec![0; specs.len()],
-    };
-    model.visit(&mut sizes);
-    sizes.sizes
+    let table = ParamTable::from_module_with_blocks(model, specs.to_vec())
+        .expect("a model's declared blocks name its modules");
+    let tensors = table.layout().tensors();
+    table
+        .layout()
+        .blocks()
+        .iter()
+        .map(|(_, members)| {
+            members
+                .iter()
+                .map(|&t| tensors[t].shape.iter().product::<usize>())
+                .sum()
+        })
+        .collect()
 }
 
 /// A square convolution `in → out` with kernel `k`, `stride`, symmetric zero `padding` and
