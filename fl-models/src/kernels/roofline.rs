@@ -153,18 +153,19 @@ impl ConvShape {
 /// Throughput of the kernels on one [`ConvShape`], in GFLOP/s of the convolution's dense
 /// multiply-adds ([`ConvShape::macs`]; the direct kernels' wasted columns and im2col's copies
 /// count as time, not work).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConvRate {
     /// The shape measured.
     pub shape: ConvShape,
     /// The kernels that ran the forward pass: `direct`, `im2col + gemm`, `across samples` or
-    /// `stride 2 from the planes`.
-    pub path: &'static str,
+    /// `stride 2 from the planes`; for the kernel across samples, also the path that ran the
+    /// batch's last few samples, if another did (`across samples (the last 2: im2col + gemm)`).
+    pub path: String,
     /// The kernels that ran the input gradient (the same names).
-    pub input_grad_path: &'static str,
+    pub input_grad_path: String,
     /// The kernels that ran the weight gradient: `direct`, `direct without zero products`,
     /// `small-map` or `im2col + gemm`.
-    pub weight_grad_path: &'static str,
+    pub weight_grad_path: String,
     /// Forward pass.
     pub forward: f64,
     /// Input gradient.

@@ -52,6 +52,20 @@ impl PassPath {
         }
     }
 
+    /// [`name`](Self::name), and for the kernel across samples the path of the batch's last
+    /// few samples where it leaves them to the one it replaces (`lanes::split`): on the
+    /// smallest maps with many weights those can take longer than the rest of the batch
+    /// (VGG-16's 1×1 maps, where gemm packs all of a 512-channel layer's weights for 2 samples).
+    fn label(&self, g: &Conv2dGeometry) -> String {
+        if let Self::AcrossSamples(order) = self
+            && let (_, Some(tail)) = lanes::split(g, *order)
+        {
+            let replaced = Self::replaced(&tail).name();
+            return format!("{} (the last {}: {replaced})", self.name(), tail.batch);
+        }
+        self.name().to_string()
+    }
+
     fn name(&self) -> &'static str {
         match self {
             Self::AcrossSamples(_) => "across samples",
@@ -115,10 +129,10 @@ impl WeightGradPath {
 
 /// The names of the kernels that run `g`'s forward pass, input gradient and weight gradient
 /// (`fl bench --kernels`): the same choice the entry points make.
-pub(crate) fn kernel_paths(g: &Conv2dGeometry) -> [&'static str; 3] {
+pub(crate) fn kernel_paths(g: &Conv2dGeometry) -> [String; 3] {
     [
-        PassPath::forward(g, None).name(),
-        PassPath::input_grad(g).name(),
-        WeightGradPath::of(g).name(),
+        PassPath::forward(g, None).label(g),
+        PassPath::input_grad(g).label(g),
+        WeightGradPath::of(g).name().to_string(),
     ]
 }

@@ -749,3 +749,21 @@ fn weight_gradients_without_a_bias_skip_only_its_sums() {
         }
     });
 }
+
+#[test]
+fn kernel_paths_name_where_a_batch_s_last_samples_run() {
+    // A batch of 50 on VGG-16's 1×1 maps: 48 samples across samples, the last 2 on the path
+    // that kernel replaces; a batch of 48 has none left over.
+    let g = geometry([50, 32, 1, 1], [48, 3, 3], [1, 1], [(1, 1), (1, 1)]);
+    let whole = Conv2dGeometry { batch: 48, ..g };
+    at_every_isa(|isa| {
+        let [forward, input_grad, _] = kernel_paths(&g);
+        if isa == Isa::Baseline {
+            assert_eq!(forward, "im2col + gemm");
+            return;
+        }
+        assert_eq!(forward, "across samples (the last 2: im2col + gemm)");
+        assert_eq!(input_grad, forward);
+        assert_eq!(kernel_paths(&whole)[0], "across samples");
+    });
+}
