@@ -80,20 +80,10 @@ pub(crate) fn infer_in_chunks<M: BlockForward>(model: &M, images: Tensor<4>) -> 
 /// blocks `specs` (all of them: the layout checks that they cover every tensor), as
 /// [`ParamTable`]'s layout assigns tensors to blocks by their module prefixes.
 pub(crate) fn block_weights<M: Module>(model: &M, specs: &[BlockSpec]) -> Vec<usize> {
-    let table = ParamTable::from_module_with_blocks(model, specs.to_vec())
-        .expect("a model's declared blocks name its modules");
-    let tensors = table.layout().tensors();
-    table
+    ParamTable::from_module_with_blocks(model, specs.to_vec())
+        .expect("a model's declared blocks name its modules")
         .layout()
-        .blocks()
-        .iter()
-        .map(|(_, members)| {
-            members
-                .iter()
-                .map(|&t| tensors[t].shape.iter().product::<usize>())
-                .sum()
-        })
-        .collect()
+        .block_sizes(|_| true)
 }
 
 /// A square convolution `in → out` with kernel `k`, `stride`, symmetric zero `padding` and

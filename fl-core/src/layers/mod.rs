@@ -151,6 +151,22 @@ impl Layout {
         &self.blocks
     }
 
+    /// The number of elements of each declared block's tensors that `keep` accepts (all of
+    /// them, or only the trainable ones), in block order.
+    pub fn block_sizes(&self, keep: impl Fn(&TensorInfo) -> bool) -> Vec<usize> {
+        self.blocks
+            .iter()
+            .map(|(_, members)| {
+                members
+                    .iter()
+                    .map(|&t| &self.tensors[t])
+                    .filter(|t| keep(t))
+                    .map(|t| t.shape.iter().product::<usize>())
+                    .sum()
+            })
+            .collect()
+    }
+
     fn with_blocks(mut self, specs: Vec<BlockSpec>) -> Result<Self, LayerError> {
         let mut owner: Vec<Option<usize>> = vec![None; self.tensors.len()];
         let mut blocks = Vec::with_capacity(specs.len());

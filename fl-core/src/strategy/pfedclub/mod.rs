@@ -294,20 +294,9 @@ struct Matched<M> {
 const PHASES: [&str; 5] = ["features", "grouping", "search", "stitching", "matching"];
 
 fn trainable_per_block(table: &ParamTable) -> Vec<usize> {
-    let tensors = table.layout().tensors();
     table
         .layout()
-        .blocks()
-        .iter()
-        .map(|(_, members)| {
-            members
-                .iter()
-                .map(|&t| &tensors[t])
-                .filter(|t| t.kind == ParamKind::Trainable)
-                .map(|t| t.shape.iter().product::<usize>())
-                .sum()
-        })
-        .collect()
+        .block_sizes(|t| t.kind == ParamKind::Trainable)
 }
 
 impl<'a, M: BlockForward> PFedClub<'a, M> {
