@@ -29,8 +29,13 @@ pub(super) fn gemm_depth_block(m: usize, n: usize, k: usize) -> usize {
 }
 
 /// The depth block of `m × n` products over `k` for every width `n` in `widths`, if it is the
-/// same for all of them (then they sum every output in the same order), else `None`.
+/// same for all of them (then they sum every output in the same order), else `None`. Also
+/// `None` where one of them is a product gemm does not run in depth blocks: one column or row
+/// wide (its matrix-vector kernels) or at most 2 deep.
 pub(super) fn common_depth_block(m: usize, widths: &[usize], k: usize) -> Option<usize> {
+    if m <= 1 || k <= 2 || widths.iter().any(|&n| n <= 1) {
+        return None;
+    }
     let kc = gemm_depth_block(m, *widths.first()?, k);
     widths
         .iter()

@@ -516,7 +516,8 @@ fn input_grad_head(
 /// The batch as whole vectors of samples and, where the samples after the last whole vector
 /// would fill at most half of one, those samples (`None` otherwise): the path this kernel
 /// replaces runs them, alongside, when it sums them in the order this kernel reproduces (the
-/// direct kernels always; gemm where their products take the same depth blocks). With
+/// direct kernels always; gemm where their products take the same depth blocks, which a
+/// lone sample on a 1×1 map, a one-column product, does not: [`common_depth_block`]). With
 /// FedMR's batches of 50, a fourth vector held 2 samples and 14 zeros: a fifth of the
 /// multiply-adds of CNN3's, CNN4's and VGG-16's small maps.
 pub(super) fn split(g: &Conv2dGeometry, order: Order) -> (Conv2dGeometry, Option<Conv2dGeometry>) {

@@ -384,13 +384,18 @@ impl Conv2dGeometry {
     /// pointwise layers there; now 25 + 25 and 16 + 16. On 7×7 maps five groups of 10 left one
     /// thread a third idle; now ten of 5 (and on 8×8 maps ten of 5, not six of 8 and one of 2).
     /// Only where gemm splits the depth into the same blocks for these widths as for the
-    /// widest groups (so the bits stay those of the widest groups).
+    /// widest groups (so the bits stay those of the widest groups), and none is one column
+    /// wide (a lone sample on a 1×1 map: gemm's matrix-vector kernels sum in another order).
     fn group(&self) -> usize {
         let widest = (GROUP_PIXELS / self.out_plane().max(1)).clamp(1, MAX_GROUP);
         if self.batch < 2 {
             return widest;
         }
-        let widest_widths = self.group_widths(widest);
+        // A last group of one column is no reference: gemm runs it as a matrix-vector product
+        // (another order), which the other sizes avoid where they can.
+        let mut widest_widths = self.group_widths(widest);
+        let lone_last = widest_widths.contains(&1);
+        widest_widths.retain(|&width| width > 1);
         let same_blocks = |size: usize| {
             let widths = [widest_widths.as_slice(), &self.group_widths(size)].concat();
             [(self.c_out, self.col_rows()), (self.col_rows(), self.c_out)]
@@ -402,7 +407,7 @@ impl Conv2dGeometry {
         sizes.sort_by_key(|&size| (two_way_load(self.batch, size), std::cmp::Reverse(size)));
         sizes
             .into_iter()
-            .find(|&size| size == widest || same_blocks(size))
+            .find(|&size| size == widest && !lone_last || same_blocks(size))
             .unwrap_or(widest)
     }
 

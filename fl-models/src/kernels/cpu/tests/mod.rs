@@ -258,6 +258,21 @@ fn grouping_samples_into_one_gemm_changes_no_bits() {
     let groups: Vec<usize> = pointwise.iter().map(|g| g.group()).collect();
     assert_eq!(groups, [25, 23, 16, 5]);
     shapes.extend(pointwise);
+    // On 1×1 maps (VGG-16's and the MobileNets' last layers on 1×28×28 inputs) no batch
+    // leaves a lone sample to a one-column product: gemm runs it as a matrix-vector product,
+    // which sums in another order than the other samples' depth blocks.
+    for (c_in, c_out, kernel, pad) in [(48, 48, 3, 1), (512, 512, 3, 1), (320, 1280, 1, 0)] {
+        for batch in 2..=600 {
+            let g = geometry(
+                [batch, c_in, 1, 1],
+                [c_out, kernel, kernel],
+                [1, 1],
+                [(pad, pad); 2],
+            );
+            let widths = g.group_widths(g.group());
+            assert!(!widths.contains(&1), "{g:?}: {widths:?}");
+        }
+    }
     // MobileNetV3's squeeze-and-excitation layers on 1×1 maps: a one-column product sums in
     // another order, so these stay one gemm per sample (grouped, they differed).
     let squeeze = geometry([50, 16, 1, 1], [576, 1, 1], [1, 1], [(0, 0), (0, 0)]);

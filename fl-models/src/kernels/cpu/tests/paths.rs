@@ -99,6 +99,21 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
             geometry([50, 128, 3, 3], [256, 5, 5], [1, 1], [(2, 2), (2, 2)]),
             true,
         ),
+        // VGG-16's 1×1 maps on 1×28×28 inputs, with 2, 1 and 3 samples after the last whole
+        // vector: on gemm a product one column wide is a matrix-vector product (another order
+        // of additions), so the replaced path must not run a tail sample alone.
+        (
+            geometry([50, 64, 1, 1], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            true,
+        ),
+        (
+            geometry([49, 64, 1, 1], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            true,
+        ),
+        (
+            geometry([51, 64, 1, 1], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]),
+            true,
+        ),
         // On AVX-512 only, maps where the direct kernels' rows waste lanes: ResNet-20's 14×14
         // stage on 1×28×28 inputs (batch 50: a tail on the direct kernels), CNN1's and CNN2's
         // 16×16 layer under 5×5 kernels, CNN4's 14×14 one, and the FedAvg CNN's unpadded 8×8
@@ -131,11 +146,13 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
             };
             assert_eq!(order.is_some(), expected, "{g:?}");
             // Samples after the last whole vector that would fill at most half of one run on
-            // the replaced path (here always in the same order: direct, or equal gemm blocks).
+            // the replaced path (here in the same order: direct, or equal gemm blocks), unless
+            // gemm would run them as one-column products (a lone sample on a 1×1 map).
             if let Some(order) = order {
                 let (head, tail) = lanes::split(g, order);
                 let rest = g.batch % 16;
-                let split = (1..=8).contains(&rest) && g.batch > 16;
+                let one_column = !direct && rest * g.out_plane() == 1;
+                let split = (1..=8).contains(&rest) && g.batch > 16 && !one_column;
                 assert_eq!(tail.map(|t| t.batch), split.then_some(rest), "{g:?}");
                 assert_eq!(head.batch + tail.map_or(0, |t| t.batch), g.batch);
             }
