@@ -116,6 +116,11 @@ impl Features {
 /// possibly shorter), its outputs concatenated in order: how inference runs feature-map blocks
 /// chunk by chunk ([`BlockForward::inference_chunk`]).
 ///
+/// A last chunk of one sample joins the one before it: a lone sample makes matrix products one
+/// sample wide, which `gemm` may sum in another order than the same sample among others (a
+/// matrix-vector product on a 1×1 map, 512-deep blocks under 64 columns), so its outputs could
+/// differ in the last bits from the whole batch's.
+///
 /// # Panics
 /// If `chunk` is 0.
 pub fn map_in_chunks<F>(images: Tensor<4>, chunk: usize, f: F) -> Tensor<4>
@@ -124,10 +129,15 @@ where
 {
     assert!(chunk > 0, "map_in_chunks: chunks of 0 samples");
     let n = images.dims()[0];
-    let starts: Vec<usize> = (0..n).step_by(chunk).collect();
-    let outputs = starts
+    let mut bounds: Vec<usize> = (0..n).step_by(chunk).chain([n]).collect();
+    if n > chunk && n % chunk == 1 {
+        bounds.remove(bounds.len() - 2);
+    }
+    let outputs = bounds
+        .windows(2)
+        .collect::<Vec<_>>()
         .into_par_iter()
-        .map(|start| f(images.clone().narrow(0, start, chunk.min(n - start))))
+        .map(|w| f(images.clone().narrow(0, w[0], w[1] - w[0])))
         .collect();
     Tensor::cat(outputs, 0)
 }
@@ -164,5 +174,47 @@ pub trait BlockForward: Classifier {
             outputs.push(x.clone());
         }
         outputs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use burn::tensor::{Device, TensorData};
+
+    use super::*;
+
+    /// Chunks cover the batch in order; a lone last sample joins the chunk before it.
+    #[test]
+    fn chunks_cover_the_batch_and_never_leave_a_sample_alone() {
+        let d = Device::default();
+        for (n, expected) in [
+            (1, vec![1]),
+            (31, vec![31]),
+            (32, vec![32]),
+            (33, vec![33]),
+            (34, vec![32, 2]),
+            (65, vec![32, 33]),
+            (70, vec![32, 32, 6]),
+        ] {
+            let values: Vec<f32> = (0..n * 2).map(|i| i as f32).collect();
+            let images = Tensor::<4>::from_data(TensorData::new(values.clone(), [n, 2, 1, 1]), &d);
+            let sizes = Mutex::new(Vec::new());
+            let out = map_in_chunks(images, 32, |x| {
+                let first = x.clone().into_data().try_to_vec::<f32>().unwrap()[0] as usize / 2;
+                sizes.lock().unwrap().push((first, x.dims()[0]));
+                x
+            });
+            let mut sizes = sizes.into_inner().unwrap();
+            sizes.sort();
+            let sizes: Vec<usize> = sizes.into_iter().map(|(_, size)| size).collect();
+            assert_eq!(sizes, expected, "{n} samples");
+            assert_eq!(
+                out.into_data().try_to_vec::<f32>().unwrap(),
+                values,
+                "{n} samples"
+            );
+        }
     }
 }
