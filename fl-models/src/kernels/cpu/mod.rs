@@ -383,21 +383,22 @@ impl Conv2dGeometry {
     /// of 32 one group, so on two threads one sat idle for a third or all of MobileNetV1's
     /// pointwise layers there; now 25 + 25 and 16 + 16. On 7×7 maps five groups of 10 left one
     /// thread a third idle; now ten of 5 (and on 8×8 maps ten of 5, not six of 8 and one of 2).
-    /// Only where gemm splits the depth into the same blocks for these widths as for the
-    /// widest groups (so the bits stay those of the widest groups), and none is one column
-    /// wide (a lone sample on a 1×1 map: gemm's matrix-vector kernels sum in another order).
+    /// Only where gemm splits the depth into the same blocks for all these widths as for a full
+    /// widest group (so every sample gets the bits it gets in a full widest group); where no
+    /// size does, the widest groups.
     fn group(&self) -> usize {
         let widest = (GROUP_PIXELS / self.out_plane().max(1)).clamp(1, MAX_GROUP);
         if self.batch < 2 {
             return widest;
         }
-        // A last group of one column is no reference: gemm runs it as a matrix-vector product
-        // (another order), which the other sizes avoid where they can.
-        let mut widest_widths = self.group_widths(widest);
-        let lone_last = widest_widths.contains(&1);
-        widest_widths.retain(|&width| width > 1);
+        // Every product must sum in the depth blocks of a full widest group's. gemm sums one of
+        // at most 64 × 64 in 512-deep blocks, a larger one in `kernel_params`' blocks and one a
+        // column wide as a matrix-vector product, so a narrow last group (the widest groups'
+        // own included) could give its samples other bits than the batch's others.
+        let reference = widest.min(self.batch) * self.out_plane();
         let same_blocks = |size: usize| {
-            let widths = [widest_widths.as_slice(), &self.group_widths(size)].concat();
+            let mut widths = self.group_widths(size);
+            widths.push(reference);
             [(self.c_out, self.col_rows()), (self.col_rows(), self.c_out)]
                 .into_iter()
                 .all(|(m, k)| common_depth_block(m, &widths, k).is_some())
@@ -407,7 +408,7 @@ impl Conv2dGeometry {
         sizes.sort_by_key(|&size| (two_way_load(self.batch, size), std::cmp::Reverse(size)));
         sizes
             .into_iter()
-            .find(|&size| size == widest && !lone_last || same_blocks(size))
+            .find(|&size| same_blocks(size))
             .unwrap_or(widest)
     }
 

@@ -39,19 +39,34 @@ fn grouping_samples_into_one_gemm_changes_no_bits() {
     let groups: Vec<usize> = pointwise.iter().map(|g| g.group()).collect();
     assert_eq!(groups, [25, 23, 16, 5]);
     shapes.extend(pointwise);
-    // On 1×1 maps (VGG-16's and the MobileNets' last layers on 1×28×28 inputs) no batch
-    // leaves a lone sample to a one-column product: gemm runs it as a matrix-vector product,
-    // which sums in another order than the other samples' depth blocks.
-    for (c_in, c_out, kernel, pad) in [(48, 48, 3, 1), (512, 512, 3, 1), (320, 1280, 1, 0)] {
+    // No batch gives a sample other depth blocks than the others: not a lone sample on a 1×1
+    // map (VGG-16's and the MobileNets' last layers on 1×28×28 inputs; gemm runs a one-column
+    // product as a matrix-vector product), nor a last group of ResNet-20's 64-channel 7×7 and
+    // 8×8 layers narrow enough for gemm's 512-deep blocks (31 samples were groups of 10, 10,
+    // 10 and 1, whose last product was 49 columns wide).
+    let layers = [
+        ([48, 1], [48, 3, 3]),
+        ([512, 1], [512, 3, 3]),
+        ([320, 1], [1280, 1, 1]),
+        ([64, 7], [64, 3, 3]),
+        ([64, 8], [64, 3, 3]),
+    ];
+    for ([c_in, size], [c_out, kh, kw]) in layers {
         for batch in 2..=600 {
+            let pad = (kh / 2, kw / 2);
             let g = geometry(
-                [batch, c_in, 1, 1],
-                [c_out, kernel, kernel],
+                [batch, c_in, size, size],
+                [c_out, kh, kw],
                 [1, 1],
-                [(pad, pad); 2],
+                [pad, pad],
             );
             let widths = g.group_widths(g.group());
-            assert!(!widths.contains(&1), "{g:?}: {widths:?}");
+            for (m, k) in [(g.c_out, g.col_rows()), (g.col_rows(), g.c_out)] {
+                assert!(
+                    common_depth_block(m, &widths, k).is_some(),
+                    "{g:?}: {widths:?}"
+                );
+            }
         }
     }
     // MobileNetV3's squeeze-and-excitation layers on 1×1 maps: a one-column product sums in
