@@ -377,14 +377,22 @@ mod tests {
     /// and a partial one (some layers take other kernels for the partial one and for the whole
     /// batch); and 33, whose last sample joins the full chunk (alone, it made products
     /// narrower than the batch's, which gemm may sum in other depth blocks: `resnet20-ref` at
-    /// 1×28×28 differed on every tier, `resnet20` there on CPUs without AVX2).
+    /// 1×28×28 differed on every tier, `resnet20` there on CPUs without AVX2); and 63, whose
+    /// chunk of 31 made groups of 10, 10, 10 and 1 on `resnet20-ref`'s 7×7 maps before the
+    /// im2col path's grouping took a full widest group as its reference.
     #[cfg(feature = "flex")]
     #[test]
     fn chunked_evaluation_gives_the_logits_of_forward() {
         let d = Device::flex();
         crate::kernels::cpu::tests::at_every_isa(|isa| {
             for &kind in ModelKind::all() {
-                for (shape, n) in [([1, 28, 28], 40), ([3, 32, 32], 40), ([1, 28, 28], 33)] {
+                let sizes = [
+                    ([1, 28, 28], 40),
+                    ([3, 32, 32], 40),
+                    ([1, 28, 28], 33),
+                    ([1, 28, 28], 63),
+                ];
+                for (shape, n) in sizes {
                     let [c, h, w] = shape;
                     let x = Tensor::<4>::random([n, c, h, w], Distribution::Default, &d);
                     let bits = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
