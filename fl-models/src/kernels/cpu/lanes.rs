@@ -519,7 +519,10 @@ fn input_grad_head(
 /// direct kernels always; gemm where their products take the same depth blocks, which a
 /// lone sample on a 1×1 map, a one-column product, does not: [`common_depth_block`]). With
 /// FedMR's batches of 50, a fourth vector held 2 samples and 14 zeros: a fifth of the
-/// multiply-adds of CNN3's, CNN4's and VGG-16's small maps.
+/// multiply-adds of CNN3's, CNN4's and VGG-16's small maps. Not on 1×1 maps, where a vector
+/// costs little (one tap of nine reads the input) and gemm would pack the whole weight for
+/// those few columns (VGG-16's 9.4 MB at 1×28×28: its input gradient ran at about half the
+/// rate with the last 2 samples on gemm). Either way the sums are the same.
 pub(super) fn split(g: &Conv2dGeometry, order: Order) -> (Conv2dGeometry, Option<Conv2dGeometry>) {
     let rest = g.batch % LANES;
     let head = Conv2dGeometry {
@@ -535,7 +538,7 @@ pub(super) fn split(g: &Conv2dGeometry, order: Order) -> (Conv2dGeometry, Option
         common_depth_block(g.c_out, &tail.group_widths(forward), rows) == Some(order.forward_kc)
             && common_depth_block(rows, &tail.group_widths(input), g.c_out) == Some(order.input_kc)
     };
-    if rest == 0 || head.batch == 0 || 2 * rest > LANES || !same_order() {
+    if rest == 0 || head.batch == 0 || 2 * rest > LANES || g.out_plane() == 1 || !same_order() {
         return (*g, None);
     }
     (head, Some(tail))

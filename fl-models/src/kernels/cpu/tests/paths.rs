@@ -107,8 +107,8 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
             true,
         ),
         // VGG-16's 1×1 maps on 1×28×28 inputs, with 2, 1 and 3 samples after the last whole
-        // vector: on gemm a product one column wide is a matrix-vector product (another order
-        // of additions), so the replaced path must not run a tail sample alone.
+        // vector, all in this kernel's vectors (on gemm, a lone sample's one-column product
+        // would be a matrix-vector product, another order of additions).
         (
             geometry([50, 64, 1, 1], [64, 3, 3], [1, 1], [(1, 1), (1, 1)]),
             true,
@@ -153,13 +153,12 @@ fn small_map_convolutions_across_samples_keep_their_paths_bits() {
             };
             assert_eq!(order.is_some(), expected, "{g:?}");
             // Samples after the last whole vector that would fill at most half of one run on
-            // the replaced path (here in the same order: direct, or equal gemm blocks), unless
-            // gemm would run them as one-column products (a lone sample on a 1×1 map).
+            // the replaced path (here in the same order: direct, or equal gemm blocks), except
+            // on 1×1 maps.
             if let Some(order) = order {
                 let (head, tail) = lanes::split(g, order);
                 let rest = g.batch % 16;
-                let one_column = !direct && rest * g.out_plane() == 1;
-                let split = (1..=8).contains(&rest) && g.batch > 16 && !one_column;
+                let split = (1..=8).contains(&rest) && g.batch > 16 && g.out_plane() > 1;
                 assert_eq!(tail.map(|t| t.batch), split.then_some(rest), "{g:?}");
                 assert_eq!(head.batch + tail.map_or(0, |t| t.batch), g.batch);
             }
@@ -772,10 +771,12 @@ fn weight_gradients_without_a_bias_skip_only_its_sums() {
 
 #[test]
 fn kernel_paths_name_where_a_batch_s_last_samples_run() {
-    // A batch of 50 on VGG-16's 1×1 maps: 48 samples across samples, the last 2 on the path
-    // that kernel replaces; a batch of 48 has none left over.
-    let g = geometry([50, 32, 1, 1], [48, 3, 3], [1, 1], [(1, 1), (1, 1)]);
+    // A batch of 50 under 5×5 kernels on 3×3 maps (as CNN3's): 48 samples across samples, the
+    // last 2 on the path that kernel replaces; a batch of 48 has none left over, nor has one
+    // on a 1×1 map.
+    let g = geometry([50, 16, 3, 3], [48, 5, 5], [1, 1], [(2, 2), (2, 2)]);
     let whole = Conv2dGeometry { batch: 48, ..g };
+    let one_pixel = geometry([50, 32, 1, 1], [48, 3, 3], [1, 1], [(1, 1), (1, 1)]);
     at_every_isa(|isa| {
         let [forward, input_grad, _] = kernel_paths(&g);
         if isa == Isa::Baseline {
@@ -785,5 +786,6 @@ fn kernel_paths_name_where_a_batch_s_last_samples_run() {
         assert_eq!(forward, "across samples (the last 2: im2col + gemm)");
         assert_eq!(input_grad, forward);
         assert_eq!(kernel_paths(&whole)[0], "across samples");
+        assert_eq!(kernel_paths(&one_pixel)[0], "across samples");
     });
 }
