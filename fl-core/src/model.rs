@@ -134,9 +134,7 @@ where
         bounds.remove(bounds.len() - 2);
     }
     let outputs = bounds
-        .windows(2)
-        .collect::<Vec<_>>()
-        .into_par_iter()
+        .par_windows(2)
         .map(|w| f(images.clone().narrow(0, w[0], w[1] - w[0])))
         .collect();
     Tensor::cat(outputs, 0)

@@ -384,14 +384,14 @@ mod tests {
     #[test]
     fn chunked_evaluation_gives_the_logits_of_forward() {
         let d = Device::flex();
+        let sizes = [
+            ([1, 28, 28], 40),
+            ([3, 32, 32], 40),
+            ([1, 28, 28], 33),
+            ([1, 28, 28], 63),
+        ];
         crate::kernels::cpu::tests::at_every_isa(|isa| {
             for &kind in ModelKind::all() {
-                let sizes = [
-                    ([1, 28, 28], 40),
-                    ([3, 32, 32], 40),
-                    ([1, 28, 28], 33),
-                    ([1, 28, 28], 63),
-                ];
                 for (shape, n) in sizes {
                     let [c, h, w] = shape;
                     let x = Tensor::<4>::random([n, c, h, w], Distribution::Default, &d);

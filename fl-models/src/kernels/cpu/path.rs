@@ -53,9 +53,10 @@ impl PassPath {
     }
 
     /// [`name`](Self::name), and for the kernel across samples the path of the batch's last
-    /// few samples where it leaves them to the one it replaces (`lanes::split`): on the
-    /// smallest maps with many weights those can take longer than the rest of the batch
-    /// (VGG-16's 1×1 maps, where gemm packs all of a 512-channel layer's weights for 2 samples).
+    /// few samples where it leaves them to the one it replaces (`lanes::split`): on small maps
+    /// with many weights those can take longer than the rest of the batch (gemm packs all of
+    /// a layer's weights for them; on VGG-16's 1×1 maps they took most of the layer's time,
+    /// which is why those maps now keep every sample across samples).
     fn label(&self, g: &Conv2dGeometry) -> String {
         if let Self::AcrossSamples(order) = self
             && let (_, Some(tail)) = lanes::split(g, *order)
