@@ -517,11 +517,11 @@ fn input_grad_head(
 /// would fill at most half of one, those samples (`None` otherwise): the path this kernel
 /// replaces runs them, alongside, when it sums them in the order this kernel reproduces (the
 /// direct kernels always; gemm where their products take the same depth blocks:
-/// [`common_depth_block`]). With FedMR's batches of 50, a fourth vector held 2 samples and 14 zeros: a fifth of the
-/// multiply-adds of CNN3's, CNN4's and VGG-16's small maps. Not on 1×1 maps, where a vector
-/// costs little (one tap of nine reads the input) and gemm would pack the whole weight for
-/// those few columns (VGG-16's 9.4 MB at 1×28×28: its input gradient ran at about half the
-/// rate with the last 2 samples on gemm). Either way the sums are the same.
+/// [`common_depth_block`]). With FedMR's batches of 50, a fourth vector held 2 samples and 14
+/// zeros: a fifth of the multiply-adds of CNN3's, CNN4's and VGG-16's small maps. Not on 1×1
+/// maps, where a vector costs little (one tap of nine reads the input) and gemm would pack the
+/// whole weight for those few columns (VGG-16's 9.4 MB at 1×28×28: its input gradient ran at
+/// about half the rate with the last 2 samples on gemm). Either way the sums are the same.
 pub(super) fn split(g: &Conv2dGeometry, order: Order) -> (Conv2dGeometry, Option<Conv2dGeometry>) {
     let rest = g.batch % LANES;
     let head = Conv2dGeometry {
