@@ -145,9 +145,16 @@ struct Row {
 /// Runs the benchmark and prints the table.
 pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.samples > 0 && args.clients > 0 && args.epochs > 0 && args.threads > 0,
-        "--samples, --clients, --epochs and --threads must be at least 1"
+        args.samples > 0 && args.clients > 0 && args.epochs > 0,
+        "--samples, --clients and --epochs must be at least 1"
     );
+    fl_core::engine::check_threads(args.threads).map_err(|m| anyhow::anyhow!("--threads {m}"))?;
+    if let Some(m) = (1..args.models.len()).find_map(|i| {
+        let m = args.models[i];
+        args.models[..i].contains(&m).then_some(m)
+    }) {
+        anyhow::bail!("--models lists {m} twice");
+    }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
         .build()
@@ -532,7 +539,7 @@ pub fn bench_kernels(threads: Option<usize>, layers: &[String]) -> anyhow::Resul
             ConvShape, DepthwiseShape, conv_rates, depthwise_rates, fma_peak_gflops, linear_rates,
         };
         let threads = threads.unwrap_or_else(crate::config::default_threads);
-        anyhow::ensure!(threads > 0, "--threads must be at least 1");
+        fl_core::engine::check_threads(threads).map_err(|m| anyhow::anyhow!("--threads {m}"))?;
         let chosen =
             |name: &str| layers.is_empty() || layers.iter().any(|l| name.contains(l.as_str()));
         anyhow::ensure!(

@@ -501,6 +501,28 @@ fn bench_quick_prints_a_row_per_model() {
         assert_eq!(o.status.code(), Some(1), "{bad}");
         assert!(stderr(&o).contains("is not CxHxW"), "{bad}: {}", stderr(&o));
     }
+    // Thread counts far above the cores only thrash (a pool of 100,000 threads takes minutes
+    // to start): the same bounds as a run's, for the model table and the kernel rates.
+    for (args, expected) in [
+        (
+            "bench --quick --threads 0",
+            "--threads must be between 1 and",
+        ),
+        (
+            "bench --quick --threads 100000",
+            "--threads must be between 1 and",
+        ),
+        (
+            "bench --kernels --threads 100000",
+            "--threads must be between 1 and",
+        ),
+        (
+            "bench --quick --models cnn,resnet20,cnn",
+            "--models lists cnn twice",
+        ),
+    ] {
+        fails(&words(args), expected);
+    }
     // Some kernels off, the others on: the header names them.
     let o = fl_line(
         "bench --quick --models cnn --burn-kernels=max-pool,conv",

@@ -62,9 +62,23 @@ pub struct EngineConfig {
     pub train: TrainConfig,
 }
 
+/// Checks a worker-thread count against this machine: counts far above its cores only thrash
+/// (and a pool of thousands takes minutes to start), so at most four per core, or 8. The error
+/// reads after the option's name ("must be between 1 and 8 on this machine (2 cores), got 0").
+pub fn check_threads(threads: usize) -> Result<(), String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let most = (4 * cores).max(8);
+    if threads == 0 || threads > most {
+        return Err(format!(
+            "must be between 1 and {most} on this machine ({cores} cores), got {threads}; results do not depend on it"
+        ));
+    }
+    Ok(())
+}
+
 impl EngineConfig {
-    /// Checks the settings for `num_clients` clients on this machine (thread counts far above
-    /// its cores only thrash: at most four per core, or 8).
+    /// Checks the settings for `num_clients` clients on this machine (thread counts: see
+    /// [`check_threads`]).
     pub fn validate(&self, num_clients: usize) -> Result<(), EngineError> {
         let bad = |m: String| Err(EngineError::Config(m));
         if self.sample == 0 || self.sample > num_clients {
@@ -82,13 +96,8 @@ impl EngineConfig {
         if self.eval_batch_size == 0 {
             return bad("eval-batch-size must be at least 1".into());
         }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let most = (4 * cores).max(8);
-        if self.threads == 0 || self.threads > most {
-            return bad(format!(
-                "threads must be between 1 and {most} on this machine ({cores} cores), got {}; results do not depend on it",
-                self.threads
-            ));
+        if let Err(m) = check_threads(self.threads) {
+            return bad(format!("threads {m}"));
         }
         if self.parallel_clients == Some(0) {
             return bad("parallel-clients must be at least 1".into());
