@@ -14,6 +14,9 @@ use rand::SeedableRng;
 use crate::backend;
 use crate::config::RunConfig;
 
+/// The most points per axis `--grid` takes.
+pub const MAX_GRID: usize = 201;
+
 /// What to compute.
 #[derive(Debug, Clone)]
 pub struct LandscapeArgs {
@@ -29,8 +32,12 @@ pub struct LandscapeArgs {
 
 /// Computes the landscape of `run`'s `model.bpk`, writes `out` (PNG) and the CSV next to it.
 pub fn landscape(run: &Path, args: &LandscapeArgs, out: &Path) -> anyhow::Result<()> {
-    if args.grid < 3 || args.grid.is_multiple_of(2) {
-        bail!("--grid must be odd and at least 3, got {}", args.grid);
+    // More points than the 1000×600 image has room for would only cost hours.
+    if !(3..=MAX_GRID).contains(&args.grid) || args.grid.is_multiple_of(2) {
+        bail!(
+            "--grid must be odd, from 3 to {MAX_GRID}, got {}",
+            args.grid
+        );
     }
     if !(args.span.is_finite() && args.span > 0.0) || args.samples == 0 {
         bail!("--span must be > 0 and --samples at least 1");
@@ -38,6 +45,7 @@ pub fn landscape(run: &Path, args: &LandscapeArgs, out: &Path) -> anyhow::Result
     if out.extension().and_then(|e| e.to_str()) != Some("png") {
         bail!("{}: the output must end in .png", out.display());
     }
+    crate::plot::check_output_dir(out)?;
     let cfg = RunConfig::from_file(&run.join("config.toml"))
         .with_context(|| format!("{} is not a run directory", run.display()))?;
     let weights = run.join(fl_core::engine::files::MODEL);
@@ -123,7 +131,7 @@ fn write_csv(path: &Path, points: &[LandscapePoint]) -> anyhow::Result<()> {
 /// A heat map of log-loss (dark = low), 800×700, with the model at the centre marked.
 fn draw(out: &Path, points: &[LandscapePoint], coords: &[f64], title: &str) -> anyhow::Result<()> {
     crate::plot::register_font()?;
-    let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e:?}", out.display());
+    let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e}", out.display());
     let root = BitMapBackend::new(out, (800, 700)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let span = coords[coords.len() - 1];

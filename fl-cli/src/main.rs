@@ -70,7 +70,7 @@ enum Command {
         #[arg(required = true)]
         runs: Vec<PathBuf>,
         /// Target accuracy for the rounds-to-target column (0-1).
-        #[arg(long, default_value_t = 0.8)]
+        #[arg(long, default_value_t = 0.8, value_parser = report::parse_target)]
         target: f64,
         /// Output format.
         #[arg(long, value_enum, default_value = "markdown")]
@@ -84,7 +84,7 @@ enum Command {
         /// Output PNG (the CSV is written next to it) (default RUN/landscape.png).
         #[arg(short, long)]
         out: Option<PathBuf>,
-        /// Points per axis, odd.
+        /// Points per axis, odd (3 to 201).
         #[arg(long, default_value_t = 21)]
         grid: usize,
         /// Half-width of the plane in filter-norm units.
@@ -240,7 +240,7 @@ enum SweepCommand {
         /// The sweep file.
         spec: PathBuf,
         /// Target accuracy for the rounds-to-target column (0-1).
-        #[arg(long, default_value_t = 0.8)]
+        #[arg(long, default_value_t = 0.8, value_parser = report::parse_target)]
         target: f64,
         /// Output format.
         #[arg(long, value_enum, default_value = "markdown")]

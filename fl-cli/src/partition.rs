@@ -19,6 +19,7 @@ pub fn draw_partition(
     if out.extension().and_then(|e| e.to_str()) != Some("png") {
         bail!("{}: the output must end in .png", out.display());
     }
+    crate::plot::check_output_dir(out)?;
     let classes = data.train.num_classes();
     let hist = partition.label_histogram(data.train.labels(), classes);
     let mut csv = String::from("client");
@@ -38,7 +39,7 @@ pub fn draw_partition(
         .with_context(|| format!("cannot write {}", csv_path.display()))?;
 
     crate::plot::register_font()?;
-    let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e:?}", out.display());
+    let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e}", out.display());
     let root = BitMapBackend::new(out, (1000, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let clients = hist.len();

@@ -32,8 +32,22 @@ pub fn register_font() -> anyhow::Result<()> {
         .map_err(|_| anyhow!("the embedded font is invalid"))
 }
 
+/// Refuses an output file whose directory does not exist, before any work is done (plotters
+/// would only fail when it writes, with its error's debug form).
+pub fn check_output_dir(out: &Path) -> anyhow::Result<()> {
+    match out.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => bail!(
+            "cannot write {}: {} is not a directory",
+            out.display(),
+            dir.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Draws `groups` into `out` (`.png` or `.svg`, 1000×600).
 pub fn plot(groups: &[RunGroup], metric: Metric, title: &str, out: &Path) -> anyhow::Result<()> {
+    check_output_dir(out)?;
     register_font()?;
     let size = (1000, 600);
     match out.extension().and_then(|e| e.to_str()) {
@@ -60,7 +74,7 @@ fn draw<DB: DrawingBackend>(
     metric: Metric,
     title: &str,
 ) -> anyhow::Result<()> {
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("{e:?}");
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("{e}");
     let curves: Vec<Vec<(usize, f64, f64)>> = groups.iter().map(|g| curve(g, metric)).collect();
     let points = curves.iter().flatten();
     let x_max = points

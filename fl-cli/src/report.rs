@@ -291,6 +291,16 @@ struct RunSummary {
     rounds: usize,
 }
 
+/// Parses `--target`: an accuracy as a fraction in (0, 1], as `metrics.jsonl` keeps it.
+pub fn parse_target(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t > 0.0 && t <= 1.0 => Ok(t),
+        _ => Err(format!(
+            "'{s}' is not an accuracy in (0, 1] (e.g. 0.8 for 80%)"
+        )),
+    }
+}
+
 fn summarise(run: &[RoundMetrics], target: f64) -> Option<RunSummary> {
     let evaluated: Vec<(usize, f64)> = run
         .iter()

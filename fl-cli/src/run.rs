@@ -337,6 +337,20 @@ fn build_partition(cfg: &mut RunSettings, data: &FederatedDataset) -> anyhow::Re
 
 /// `fl partition`: draws a run's partition (with `run`) or the one the flags would draw.
 pub fn partition(run: Option<&Path>, args: &RunArgs, image: &Path) -> anyhow::Result<()> {
+    // A run's flags either draw a fresh partition or, with --run, contradict the run's own.
+    for flag in &args.given {
+        let flag = flag.replace('_', "-");
+        match (flag.as_str(), run) {
+            ("out", _) => bail!("--out does not apply to fl partition (the image: -o/--image)"),
+            ("resume", _) => bail!("--resume does not apply to fl partition (a run's: --run DIR)"),
+            ("run" | "image" | "quiet", _) => {}
+            (_, Some(dir)) => bail!(
+                "--{flag} does not apply with --run: it draws {}'s own partition",
+                dir.display()
+            ),
+            _ => {}
+        }
+    }
     let cfg = match run {
         Some(dir) => RunConfig::from_file(&dir.join("config.toml"))
             .with_context(|| format!("{} is not a run directory", dir.display()))?,

@@ -407,10 +407,18 @@ fn plot_and_compare_summarise_seed_groups() {
             vec!["plot", &data.display().to_string()],
             "has no metrics.jsonl",
         ),
+        (
+            vec!["plot", &g, "-o", "/nonexistent-dir/curves.png"],
+            "cannot write /nonexistent-dir/curves.png: /nonexistent-dir is not a directory",
+        ),
+        // An accuracy is a fraction, as metrics.jsonl keeps it: 80 would never be reached.
+        (
+            vec!["compare", &g, "--target", "80"],
+            "'80' is not an accuracy in (0, 1]",
+        ),
+        (vec!["compare", &g, "--target", "NaN"], "is not an accuracy"),
     ] {
-        let o = fl(&args);
-        assert_eq!(o.status.code(), Some(1), "{args:?}");
-        assert!(stderr(&o).contains(expected), "{args:?}: {}", stderr(&o));
+        fails(&args, expected);
     }
 }
 
@@ -448,12 +456,16 @@ fn landscape_has_its_minimum_near_the_trained_model() {
         "centre {} vs corners {corners_mean}",
         rows[12][2]
     );
-    let o = fl(&["landscape", &run, "--grid", "4"]);
-    assert!(
-        stderr(&o).starts_with("error: --grid must be odd"),
-        "{}",
-        stderr(&o)
-    );
+    for (args, expected) in [
+        (vec!["landscape", &run, "--grid", "4"], "--grid must be odd"),
+        (vec!["landscape", &run, "--grid", "100001"], "from 3 to 201"),
+        (
+            vec!["landscape", &run, "-o", "/nonexistent-dir/l.png"],
+            "cannot write /nonexistent-dir/l.png: /nonexistent-dir is not a directory",
+        ),
+    ] {
+        fails(&args, expected);
+    }
 }
 
 /// `fl bench --quick` is the CI smoke run of the benchmark (no timing assertions).
@@ -651,6 +663,16 @@ fn partition_heat_map_and_csv() {
         stderr(&o).starts_with("error: /nonexistent is not a run directory"),
         "{}",
         stderr(&o)
+    );
+    // Flags that would be ignored are refused: a run's directory, or a drawing's settings
+    // next to --run (which draws the run's own partition).
+    fails(
+        &["partition", "--out", "p.png"],
+        "--out does not apply to fl partition (the image: -o/--image)",
+    );
+    fails(
+        &["partition", "--run", "/nonexistent", "--clients", "5"],
+        "--clients does not apply with --run",
     );
 }
 
