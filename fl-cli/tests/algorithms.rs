@@ -490,6 +490,10 @@ fn fedmd_collaborates_through_scores_only_and_resumes_exactly() {
         ("--public unlabeled", "needs labeled public data"),
         ("--alignment 0", "at least 1 alignment sample"),
         ("--public-fraction 0", "FedMD and FCCL need public samples"),
+        (
+            "--public-samples 0",
+            "public samples for stitching and matching must be at least 1",
+        ),
     ] {
         fails(
             &words(&format!(
@@ -498,6 +502,11 @@ fn fedmd_collaborates_through_scores_only_and_resumes_exactly() {
             expected,
         );
     }
+    // The server's samples are checked after --public-samples takes its share of them.
+    fails(
+        &words("pfedclub --public-samples 1 --rounds 1 --quiet"),
+        "needs at least 2 public samples; use a public fraction > 0 and more --public-samples",
+    );
 }
 
 #[test]

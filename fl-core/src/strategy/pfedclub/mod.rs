@@ -172,6 +172,9 @@ impl ClubConfig {
                 self.distill_weight
             ));
         }
+        if self.public_samples == Some(0) {
+            return Err("the public samples for stitching and matching must be at least 1".into());
+        }
         if self.cka_samples < 2 {
             return Err("CKA needs at least 2 public samples".into());
         }
@@ -311,21 +314,26 @@ impl<'a, M: BlockForward> PFedClub<'a, M> {
         batch_size: usize,
     ) -> Result<Self, StrategyError> {
         club.validate().map_err(StrategyError::Config)?;
-        if matches!(club.method, Method::FedMd | Method::Fccl) && public.samples.is_empty() {
-            return Err(StrategyError::Config(
-                "FedMD and FCCL need public samples; use a public fraction > 0".into(),
-            ));
-        }
-        if matches!(club.method, Method::Reassembly | Method::Pfedhr) && public.samples.len() < 2 {
-            return Err(StrategyError::Config(
-                "block reassembly needs at least 2 public samples; use a public fraction > 0"
-                    .into(),
-            ));
-        }
+        // The checks below are on the samples the server uses (`--public-samples` of them).
         let samples = match club.public_samples {
             Some(k) => &public.samples[..k.min(public.samples.len())],
             None => public.samples,
         };
+        let more = if club.public_samples.is_some() {
+            "use a public fraction > 0 and more --public-samples"
+        } else {
+            "use a public fraction > 0"
+        };
+        if matches!(club.method, Method::FedMd | Method::Fccl) && samples.is_empty() {
+            return Err(StrategyError::Config(format!(
+                "FedMD and FCCL need public samples; {more}"
+            )));
+        }
+        if matches!(club.method, Method::Reassembly | Method::Pfedhr) && samples.len() < 2 {
+            return Err(StrategyError::Config(format!(
+                "block reassembly needs at least 2 public samples; {more}"
+            )));
+        }
         Ok(Self {
             club,
             seed,
