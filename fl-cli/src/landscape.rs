@@ -110,7 +110,7 @@ fn surface<M: Classifier>(
 ) -> anyhow::Result<Vec<LandscapePoint>> {
     let model = model
         .try_load_file(weights)
-        .map_err(|e| anyhow!("cannot load {}: {e:?}", weights.display()))?;
+        .map_err(|e| anyhow!("cannot load {}: {e}", weights.display()))?;
     let center = ParamTable::from_module(&model);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let d1 = filter_normalized_direction(&center, &mut rng, device)?;

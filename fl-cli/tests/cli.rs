@@ -466,6 +466,14 @@ fn landscape_has_its_minimum_near_the_trained_model() {
     ] {
         fails(&args, expected);
     }
+    let weights = out.join("model.bpk");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    let png = png.display().to_string();
+    fails(
+        &["landscape", &run, "--grid", "3", "-o", &png],
+        "model.bpk: Record I/O error: ",
+    );
 }
 
 /// `fl bench --quick` is the CI smoke run of the benchmark (no timing assertions).
