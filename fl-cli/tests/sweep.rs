@@ -100,6 +100,11 @@ fn a_sweep_expands_deterministically_and_bad_files_are_one_line_errors() {
         ),
         ("[axes]\nalgorithm = [\"fedavg\"]\nbogus = [1]\n", "bogus"),
         ("seeds = []\n", "`seeds` must list at least one seed"),
+        ("seeds = [1, 2, 1]\n", "`seeds` lists 1 twice"),
+        (
+            "[axes]\nlr = [0.1, -1.0]\n",
+            "cell 'lr--1.0': invalid configuration: learning rate must be a positive number",
+        ),
     ] {
         let bad = dir.path().join("bad.toml");
         std::fs::write(&bad, text).unwrap();
