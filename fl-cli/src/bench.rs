@@ -149,10 +149,7 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         "--samples, --clients and --epochs must be at least 1"
     );
     fl_core::engine::check_threads(args.threads).map_err(|m| anyhow::anyhow!("--threads {m}"))?;
-    if let Some(m) = (1..args.models.len()).find_map(|i| {
-        let m = args.models[i];
-        args.models[..i].contains(&m).then_some(m)
-    }) {
+    if let Some(m) = crate::config::first_repeated(&args.models) {
         anyhow::bail!("--models lists {m} twice");
     }
     let pool = rayon::ThreadPoolBuilder::new()

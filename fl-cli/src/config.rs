@@ -154,6 +154,11 @@ pub struct RunSettings {
 
 defaults_from_flags!(RunSettings);
 
+/// The first item of `items` that an earlier one repeats (a model or seed listed twice).
+pub(crate) fn first_repeated<T: PartialEq + Copy>(items: &[T]) -> Option<T> {
+    (1..items.len()).find_map(|i| items[..i].contains(&items[i]).then_some(items[i]))
+}
+
 /// All cores: the default of `--threads`.
 pub(crate) fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -9,7 +9,7 @@ use burn::tensor::Device;
 use fl_core::rng::{Purpose, derive_seed};
 use fl_core::strategy::FineTune;
 use fl_core::strategy::Strategy;
-use fl_core::{Classifier, ClientModels, RoundMetrics, Simulation};
+use fl_core::{Classifier, ClientModels, EngineConfig, RoundMetrics, Simulation};
 use fl_data::{FederatedDataset, Partition, load_dataset};
 use fl_models::{ModelKind, with_model};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -55,6 +55,14 @@ pub fn check(cfg: &RunConfig) -> anyhow::Result<()> {
     if cfg.run.personal {
         crate::personal::check(&cfg.run)?;
     }
+    // The engine's settings too, but for two that only the data or the machine that runs the
+    // configuration can tell (a sweep's cell may run on a cluster): the clients to sample from
+    // and the thread bound. The engine checks those itself.
+    let engine = EngineConfig {
+        threads: 1,
+        ..cfg.run.engine()
+    };
+    engine.validate(usize::MAX)?;
     Ok(())
 }
 

@@ -19,7 +19,6 @@ pub mod slurm;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use fl_core::EngineConfig;
 use fl_core::engine::{files, read_metrics};
 use serde::Deserialize;
 use toml::{Table, Value};
@@ -230,10 +229,7 @@ impl Sweep {
         if file.seeds.is_empty() {
             bail!("`seeds` must list at least one seed");
         }
-        if let Some(seed) = (1..file.seeds.len()).find_map(|i| {
-            let seed = file.seeds[i];
-            file.seeds[..i].contains(&seed).then_some(seed)
-        }) {
+        if let Some(seed) = crate::config::first_repeated(&file.seeds) {
             // Both runs would go to the same directory.
             bail!("`seeds` lists {seed} twice");
         }
@@ -319,15 +315,6 @@ impl Sweep {
                 let config =
                     RunConfig::from_table(&mut t).with_context(|| format!("cell '{name}'"))?;
                 crate::run::check(&config).with_context(|| format!("cell '{name}'"))?;
-                // The engine's settings too, but for two that only the data or the machine that
-                // runs the cell can tell: the clients to sample from and the thread bound.
-                let engine = EngineConfig {
-                    threads: 1,
-                    ..config.run.engine()
-                };
-                engine
-                    .validate(usize::MAX)
-                    .with_context(|| format!("cell '{name}'"))?;
                 entries.push(Entry {
                     cell: name.clone(),
                     seed,
