@@ -474,6 +474,32 @@ fn split_section(table: &mut Table, algorithm: &Algorithm) -> anyhow::Result<Tab
 }
 
 impl RunSettings {
+    /// The settings a resumed run may change (by flag id); everything else comes from its
+    /// `config.toml`. Results do not depend on the thread count, so a run may continue on
+    /// another machine.
+    pub const RESUMABLE: [&str; 4] = [
+        "rounds",
+        "threads",
+        "parallel_clients",
+        "gradient_checkpointing",
+    ];
+
+    /// Takes from `other` those of [`Self::RESUMABLE`] for which `given` is true.
+    pub fn resume_with(&mut self, other: &RunSettings, given: impl Fn(&str) -> bool) {
+        if given("rounds") {
+            self.rounds = other.rounds;
+        }
+        if given("threads") {
+            self.threads = other.threads;
+        }
+        if given("parallel_clients") {
+            self.parallel_clients = other.parallel_clients;
+        }
+        if given("gradient_checkpointing") {
+            self.gradient_checkpointing = other.gradient_checkpointing;
+        }
+    }
+
     /// Fixes the client count (`clients = 0` with the natural partition: all of the dataset's
     /// clients) and the per-round sample (`sample_fraction`) once the partition has
     /// `num_clients` clients.

@@ -86,34 +86,15 @@ fn resolve(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<(RunCo
         );
     }
     if args.given.iter().any(|id| {
-        ![
-            "rounds",
-            "resume",
-            "quiet",
-            "threads",
-            "parallel_clients",
-            "gradient_checkpointing",
-        ]
-        .contains(&id.as_str())
+        !(["resume", "quiet"].contains(&id.as_str())
+            || RunSettings::RESUMABLE.contains(&id.as_str()))
     }) {
         eprintln!(
             "warning: --resume continues with {}/config.toml; other settings given are ignored",
             dir.display()
         );
     }
-    if args.given("rounds") {
-        cfg.run.rounds = args.settings.rounds;
-    }
-    // Results do not depend on the thread count: a run may continue on another machine.
-    if args.given("threads") {
-        cfg.run.threads = args.settings.threads;
-    }
-    if args.given("parallel_clients") {
-        cfg.run.parallel_clients = args.settings.parallel_clients;
-    }
-    if args.given("gradient_checkpointing") {
-        cfg.run.gradient_checkpointing = args.settings.gradient_checkpointing;
-    }
+    cfg.run.resume_with(&args.settings, |id| args.given(id));
     cfg.run.out = Some(dir.clone());
     Ok((cfg, true))
 }
@@ -233,9 +214,23 @@ pub fn simulate<M: Classifier>(
     );
     let resume_command = format!("fl {} --resume {}", cfg.algorithm.name(), out.display());
     crate::interrupt::set_resume_command(Some(resume_command.clone()));
+    // A resumed run's new settings go into config.toml once the engine has taken the
+    // resume (its first round), and again at the end for a run that had nothing left to do.
+    let record = || {
+        if resume {
+            crate::rundir::record_resumed_settings(cfg, &out)
+        } else {
+            Ok(())
+        }
+    };
     let mut new_rounds = 0;
     let result = sim.run(strategy, resume, &mut |m| {
         new_rounds += 1;
+        if new_rounds == 1
+            && let Err(e) = record()
+        {
+            tracing::warn!("{e:#}");
+        }
         on_round(m)
     });
     crate::interrupt::set_resume_command(None);
@@ -248,6 +243,7 @@ pub fn simulate<M: Classifier>(
     let summary = match result {
         Err(fl_core::EngineError::Interrupted(round)) => {
             bar.abandon();
+            record()?;
             return Err(crate::interrupt::Interrupted {
                 round,
                 resume: resume_command,
@@ -256,6 +252,7 @@ pub fn simulate<M: Classifier>(
         }
         r => r?,
     };
+    record()?;
     if resume && new_rounds == 0 {
         eprintln!(
             "note: {} has already finished its {} rounds; extend it with --rounds N",

@@ -126,3 +126,26 @@ pub fn write_run_files(
     partition.save(&out.join("partition.json"))?;
     Ok(())
 }
+
+/// Records in `out`'s `config.toml` the [`RunSettings::RESUMABLE`] settings a resumed run
+/// continues with (an extended `--rounds`, another `--threads`), so that the next `--resume`
+/// without them (as the interrupt message prints it) goes on the same way. Written to a
+/// temporary file and renamed, so a crash leaves the old file or the new one; unchanged, it is
+/// not rewritten.
+///
+/// [`RunSettings::RESUMABLE`]: crate::config::RunSettings::RESUMABLE
+pub fn record_resumed_settings(cfg: &RunConfig, out: &Path) -> anyhow::Result<()> {
+    let path = out.join("config.toml");
+    let old = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut saved = RunConfig::from_file(&path)?;
+    saved.run.resume_with(&cfg.run, |_| true);
+    let new = saved.to_toml();
+    if new == old {
+        return Ok(());
+    }
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(&tmp, new)
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .with_context(|| format!("cannot write {}", path.display()))
+}

@@ -185,16 +185,35 @@ fn a_run_directory_is_never_shared_and_ctrl_c_stops_cleanly() {
     let last = std::fs::read(out.join("checkpoint.safetensors")).unwrap();
     assert!(!last.is_empty());
     // It resumes exactly where it stopped (and the lock went with the process).
+    let config = || std::fs::read_to_string(out.join("config.toml")).unwrap();
+    let before = config();
     let more = (done + 1).to_string();
     run_ok(&[
         "fedavg".into(),
         "--resume".into(),
         out_s.clone(),
         "--rounds".into(),
-        more,
+        more.clone(),
         "--quiet".into(),
     ]);
     assert_eq!(metrics(&out).len(), done + 1);
+    // config.toml now holds the new round count, and only that changed: resuming as the
+    // interrupt message says (without --rounds) finds the run finished, not 200 rounds long.
+    let after = config();
+    let changed: Vec<(&str, &str)> = before
+        .lines()
+        .zip(after.lines())
+        .filter(|(a, b)| a != b)
+        .collect();
+    assert_eq!(changed, [("rounds = 200", &*format!("rounds = {more}"))]);
+    let o = fl(&["fedavg", "--resume", &out_s, "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("already finished its {more} rounds")),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(config(), after);
 }
 
 #[test]
