@@ -259,3 +259,48 @@ fn a_dry_run_writes_the_slurm_job_array_of_the_unfinished_runs() {
     assert!(script.contains("sweep run") && script.contains("--cell \"$SLURM_ARRAY_TASK_ID\""));
     assert!(dir.path().join("out/slurm/job.sh").is_file());
 }
+
+#[test]
+fn more_rounds_in_the_sweep_file_extend_its_runs_and_other_changes_are_refused() {
+    let dir = tmp();
+    let one = |name: &str, rounds: usize, lr: f64| {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "out = \"{}\"\n[base]\nclients = 100\nsample = 2\nrounds = {rounds}\n\
+                 local_epochs = 1\nbatch_size = 32\nthreads = 1\nlr = {lr}\n\
+                 [axes]\nmodel = [\"cnn\"]\n",
+                dir.path().join(name).display()
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let run = dir.path().join("grown/model-cnn/s1");
+    let o = sweep(&["run", "--quiet"], &one("grown", 1, 0.01));
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Another learning rate would mix two settings in one run: refused, naming the change.
+    let o = sweep(&["run", "--quiet"], &one("grown", 2, 0.05));
+    assert_eq!(o.status.code(), Some(1));
+    let why = std::fs::read_to_string(run.with_extension("failed")).unwrap();
+    assert!(
+        why.contains("started with other settings (now `lr = 0.05`, was `lr = 0.01`)"),
+        "{why}"
+    );
+    assert_eq!(metrics(&run).len(), 1);
+    // More rounds continue it, as a run of that many rounds from the start.
+    let o = sweep(
+        &["run", "--retry-failed", "--quiet"],
+        &one("grown", 2, 0.01),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = sweep(&["run", "--quiet"], &one("fresh", 2, 0.01));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        metrics(&run),
+        metrics(&dir.path().join("fresh/model-cnn/s1"))
+    );
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("rounds = 2\n"), "{config}");
+}

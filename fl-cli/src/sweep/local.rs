@@ -46,11 +46,12 @@ fn start(entry: &Entry, threads: Option<usize>) -> anyhow::Result<()> {
     let started = dir.join("config.toml");
     let resume = started.exists();
     if resume {
-        // The run continues only with the settings it started with.
+        // The run continues only with the settings it started with, but those a resume may
+        // change: more rounds in the sweep file extend it.
         let before = RunConfig::from_file(&started)?;
         let normal = |c: &RunConfig| {
             let mut c = c.clone();
-            c.run.threads = 1;
+            c.run.resume_with(&before.run, |_| true);
             c.run.out = None;
             c.to_toml()
         };
