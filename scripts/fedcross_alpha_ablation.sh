@@ -11,7 +11,7 @@ for select in in-order highest lowest; do
   for a in 0.5 0.9 0.99 0.999; do
     dir="$OUT/$select-a$a"
     [ -f "$dir/model.bpk" ] && continue                           # finished
-    if [ -f "$dir/checkpoint.safetensors" ]; then "$FL" fedcross --resume "$dir" --quiet; continue; fi
+    if [ -f "$dir/config.toml" ]; then "$FL" fedcross --resume "$dir" --quiet; continue; fi
     "$FL" fedcross --select "$select" --cross-alpha "$a" --clients 100 --sample 10 \
       --rounds 30 --local-epochs 1 --lr 0.01 --momentum 0.5 --partition dirichlet --alpha 0.1 \
       --eval-every 10 --seed 1 --quiet --out "$dir" ${FL_THREADS:+--threads $FL_THREADS}

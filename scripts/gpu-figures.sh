@@ -157,6 +157,7 @@ run() {
   # Fashion-MNIST, on the GPU and on flex with every core.
   for backend in wgpu flex; do
     bin=$([ "$backend" = wgpu ] && echo "$wgpu" || echo "$flex")
+    rm -rf "$out/run-$backend"  # left by an earlier, stopped call
     step "${GPU_ROUND_S:-120}" fedmr.txt "$bin" fedmr --dataset fashion-mnist --model cnn \
       --clients 100 --sample 10 --rounds 3 --local-epochs 5 --batch-size 50 \
       --partition dirichlet --alpha 0.1 --seed 1 --threads "$threads" --quiet --out "$out/run-$backend"

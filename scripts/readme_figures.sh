@@ -8,7 +8,7 @@ mkdir -p docs runs
 run() { # run NAME ALGORITHM
   local dir=runs/fmnist-cnn-$1
   [ -f "$dir/model.bpk" ] && return
-  if [ -f "$dir/checkpoint.safetensors" ]; then "$FL" "$2" --resume "$dir" --quiet; return; fi
+  if [ -f "$dir/config.toml" ]; then "$FL" "$2" --resume "$dir" --quiet; return; fi
   "$FL" run "configs/fmnist-cnn-$1.toml" --quiet --out "$dir"
 }
 for alg in fedavg fedmr fedcross; do run "dir0.1-$alg" "$alg"; run "dir0.5-$alg" "$alg"; done

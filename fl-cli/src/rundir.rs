@@ -37,18 +37,79 @@ impl RunDir {
         cfg.run.engine().validate(partition.num_clients())?;
         partition.validate(train_len)?;
         let path = cfg.out_dir();
+        // Checked before the lock file is made (it would be left in a user's directory),
+        // and again under the lock, which another run may have taken first.
+        if !resume && path.is_dir() {
+            check_unused(&path, false)?;
+        }
         std::fs::create_dir_all(&path)
             .with_context(|| format!("cannot create {}", path.display()))?;
         let lock = lock_dir(&path)?;
-        if !resume && path.join(fl_core::engine::files::CHECKPOINT).exists() {
-            bail!(
-                "{} already holds a run; continue it with --resume {} or choose another --out",
-                path.display(),
-                path.display()
-            );
+        if resume {
+            warn_if_other_build(&path);
+        } else {
+            check_unused(&path, true)?;
         }
         Ok(Self { path, _lock: lock })
     }
+}
+
+/// This binary's commit (`manifest.json`'s `git_hash`).
+fn git_hash() -> &'static str {
+    option_env!("FL_GIT_HASH").unwrap_or("unknown")
+}
+
+/// Warns when a run resumes under a binary of another commit than the one that started it:
+/// the rounds after the resume may then not be those of an uninterrupted run.
+fn warn_if_other_build(path: &Path) {
+    let manifest = std::fs::read_to_string(path.join("manifest.json")).ok();
+    let started = manifest
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|m| m["git_hash"].as_str().map(String::from));
+    if let Some(started) = started
+        && ![started.as_str(), git_hash()].contains(&"unknown")
+        && started != git_hash()
+    {
+        tracing::warn!(
+            "{} was started by fl at commit {started}; this binary is of commit {}: the rounds from here on may differ from an uninterrupted run's",
+            path.display(),
+            git_hash()
+        );
+    }
+}
+
+/// Refuses a new run's directory unless it is empty (but for its lock): one holding a run,
+/// even one stopped before its first checkpoint, is continued with `--resume`; any other
+/// files would be overwritten or mixed with the run's (a directory of runs is one `fl plot`
+/// and `fl compare` read as seeds). Before the directory is `locked`, a run with a lock file
+/// passes: taking the lock then says whether another process is running it.
+fn check_unused(path: &Path, locked: bool) -> anyhow::Result<()> {
+    let run_file = |name: &str| path.join(name).exists();
+    if run_file(fl_core::engine::files::CHECKPOINT) || run_file("config.toml") {
+        if !locked && run_file(LOCK_FILE) {
+            return Ok(());
+        }
+        bail!(
+            "{} already holds a run; continue it with --resume {} or choose another --out",
+            path.display(),
+            path.display()
+        );
+    }
+    let entries =
+        std::fs::read_dir(path).with_context(|| format!("cannot read {}", path.display()))?;
+    for entry in entries {
+        let name = entry
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .file_name();
+        if name != LOCK_FILE {
+            bail!(
+                "{} is not empty (it holds {}): a new run needs a new or empty directory; choose another --out",
+                path.display(),
+                name.to_string_lossy()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Takes `dir`'s lock (its `.lock` file, held until the file is dropped) and writes this
@@ -101,7 +162,7 @@ pub fn write_run_files(
     write("config.toml", cfg.to_toml())?;
     let mut manifest = serde_json::json!({
         "fl_version": env!("CARGO_PKG_VERSION"),
-        "git_hash": option_env!("FL_GIT_HASH").unwrap_or("unknown"),
+        "git_hash": git_hash(),
         "backend": backend::name(),
         "seed": cfg.run.seed,
         "algorithm": cfg.label(),

@@ -251,6 +251,26 @@ fn damaged_run_files_are_caught_on_resume() {
         "{}",
         stderr(&o)
     );
+    assert!(!stderr(&o).contains("was started by fl at commit"));
+    // A run started by another commit's binary resumes with a warning (where the commit is known).
+    let manifest = out.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let other = text.replace(
+        &format!("\"git_hash\": \"{}\"", env!("FL_GIT_HASH")),
+        "\"git_hash\": \"0123456789ab\"",
+    );
+    if env!("FL_GIT_HASH") != "unknown" {
+        assert_ne!(other, text);
+        std::fs::write(&manifest, &other).unwrap();
+        let o = fl(&["fedavg", "--resume", &out_s, "--quiet"]);
+        assert!(
+            stderr(&o)
+                .contains("was started by fl at commit 0123456789ab; this binary is of commit"),
+            "{}",
+            stderr(&o)
+        );
+        std::fs::write(&manifest, &text).unwrap();
+    }
 
     // 4 KB of garbage in the middle of the checkpoint.
     let ckpt = out.join("checkpoint.safetensors");
@@ -359,4 +379,40 @@ fn a_run_directory_is_byte_identical_at_any_thread_count() {
             .collect()
     };
     assert_eq!(config(&a), config(&b));
+}
+
+#[test]
+fn a_new_run_needs_a_new_or_empty_directory() {
+    let dir = tmp();
+    // Someone's files are neither overwritten nor mixed with a run's, and no lock is left.
+    let notes = dir.path().join("notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    std::fs::write(notes.join("config.toml"), "mine").unwrap();
+    let args = small_run(&notes, "2", "1");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails(&args, "already holds a run; continue it with --resume");
+    std::fs::remove_file(notes.join("config.toml")).unwrap();
+    std::fs::write(notes.join("todo.txt"), "mine").unwrap();
+    fails(&args, "is not empty (it holds todo.txt)");
+    let left: Vec<_> = std::fs::read_dir(&notes)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["todo.txt"]);
+    assert_eq!(
+        std::fs::read_to_string(notes.join("todo.txt")).unwrap(),
+        "mine"
+    );
+
+    // A run stopped before its first checkpoint is a run: continued, not overwritten.
+    let out = dir.path().join("run");
+    run_ok(&small_run(&out, "2", "1"));
+    std::fs::remove_file(out.join("checkpoint.safetensors")).unwrap();
+    let args = small_run(&out, "2", "1");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails(&args, "already holds a run");
+    // An empty directory is fine.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    run_ok(&small_run(&empty, "2", "1"));
 }
