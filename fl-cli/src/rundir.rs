@@ -46,12 +46,38 @@ impl RunDir {
             .with_context(|| format!("cannot create {}", path.display()))?;
         let lock = lock_dir(&path)?;
         if resume {
+            check_same_partition(&path, partition)?;
             warn_if_other_build(&path);
         } else {
             check_unused(&path, true)?;
         }
         Ok(Self { path, _lock: lock })
     }
+}
+
+/// Refuses to resume a run whose settings now draw another partition than its
+/// `partition.json`: its training data changed since it started (the embedded Fashion-MNIST
+/// copy then the full one, another `--data-dir`), and the rounds would go on over other samples.
+fn check_same_partition(path: &Path, partition: &Partition) -> anyhow::Result<()> {
+    let file = path.join("partition.json");
+    if !file.exists() {
+        // Stopped before its files were written: nothing to compare.
+        return Ok(());
+    }
+    let saved = Partition::load(&file)?;
+    if saved != *partition {
+        let size = |p: &Partition| {
+            let samples: usize = p.clients.iter().map(Vec::len).sum();
+            format!("{} clients, {samples} samples", p.num_clients())
+        };
+        bail!(
+            "cannot resume {}: its partition.json ({}) differs from the partition its settings draw now ({}): the training data changed since the run started (see dataset_origin in its manifest.json)",
+            path.display(),
+            size(&saved),
+            size(partition)
+        );
+    }
+    Ok(())
 }
 
 /// This binary's commit (`manifest.json`'s `git_hash`).

@@ -416,3 +416,35 @@ fn a_new_run_needs_a_new_or_empty_directory() {
     std::fs::create_dir_all(&empty).unwrap();
     run_ok(&small_run(&empty, "2", "1"));
 }
+
+#[test]
+fn a_run_whose_training_data_changed_does_not_resume() {
+    let dir = tmp();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    write_idx(&data, "train", 40, 28);
+    write_idx(&data, "t10k", 10, 28);
+    let (data_s, out) = (
+        data.display().to_string(),
+        dir.path().join("run").display().to_string(),
+    );
+    let line = "fedavg --clients 4 --sample 2 --rounds 1 --local-epochs 1 --seed 3 --quiet";
+    run_ok(
+        &[words(line), vec!["--data-dir", &data_s, "--out", &out]]
+            .concat()
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>(),
+    );
+    // The same files resume; more training images would put other samples under the clients.
+    let resume = ["fedavg", "--resume", &out, "--rounds", "2", "--quiet"];
+    write_idx(&data, "train", 48, 28);
+    fails(
+        &resume,
+        "its partition.json (4 clients, 40 samples) differs from the partition its settings draw now (4 clients, 48 samples)",
+    );
+    write_idx(&data, "train", 40, 28);
+    let o = fl(&resume);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(metrics(Path::new(&out)).len(), 2);
+}
