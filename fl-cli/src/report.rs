@@ -9,6 +9,8 @@ use anyhow::{Context, bail};
 use fl_core::RoundMetrics;
 use fl_core::engine::{files, read_metrics};
 
+use crate::config::RunConfig;
+
 /// One curve or table row: a run, or several runs (seeds) of one setting.
 #[derive(Debug, Clone)]
 pub struct RunGroup {
@@ -55,6 +57,7 @@ pub fn load_group(dir: &Path) -> anyhow::Result<RunGroup> {
             files::METRICS
         );
     }
+    check_one_setting(&subdirs)?;
     let runs = subdirs
         .iter()
         .map(|d| read(d))
@@ -74,6 +77,59 @@ pub fn load_group(dir: &Path) -> anyhow::Result<RunGroup> {
         runs,
         architectures,
     })
+}
+
+/// Refuses a group whose runs are not the seeds of one setting: their `config.toml`s must
+/// agree but for the seed, the directory and what a resume may change (rounds, threads, ...),
+/// and no seed may come twice (a copied run would shrink the spread). Runs without a
+/// `config.toml` (written by the library, not by `fl`) are not checked.
+fn check_one_setting(runs: &[PathBuf]) -> anyhow::Result<()> {
+    let mut configs = Vec::new();
+    for run in runs {
+        let path = run.join("config.toml");
+        if !path.is_file() {
+            return Ok(());
+        }
+        configs.push((run, RunConfig::from_file(&path)?));
+    }
+    let Some((first, base)) = configs.first() else {
+        return Ok(());
+    };
+    let setting = |c: &RunConfig| {
+        let mut c = c.clone();
+        c.run.resume_with(&base.run, |_| true);
+        c.run.seed = base.run.seed;
+        c.run.out = None;
+        c.to_toml()
+    };
+    let want = setting(base);
+    for (i, (run, cfg)) in configs.iter().enumerate() {
+        let have = setting(cfg);
+        if have != want {
+            let diff = want
+                .lines()
+                .zip(have.lines())
+                .find(|(a, b)| a != b)
+                .map_or(String::new(), |(a, b)| format!(" (`{a}` against `{b}`)"));
+            bail!(
+                "{} and {} are not seeds of one setting{diff}: give them as separate runs",
+                first.display(),
+                run.display()
+            );
+        }
+        if let Some((twin, _)) = configs[..i]
+            .iter()
+            .find(|(_, c)| c.run.seed == cfg.run.seed)
+        {
+            bail!(
+                "{} and {} are both seed {} of one setting (the same run twice): keep one",
+                twin.display(),
+                run.display(),
+                cfg.run.seed
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The clients' architectures a run's `manifest.json` records, if any.

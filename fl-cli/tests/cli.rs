@@ -420,6 +420,29 @@ fn plot_and_compare_summarise_seed_groups() {
     ] {
         fails(&args, expected);
     }
+
+    // A group is the seeds of one setting: other settings, or one seed twice, are refused.
+    let copy = |from: &Path, to: &Path| {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        let status = std::process::Command::new("cp")
+            .args(["-r", from.to_str().unwrap(), to.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    let (mixed, twice) = (dir.path().join("mixed"), dir.path().join("twice"));
+    copy(&group.join("s1"), &mixed.join("s1"));
+    copy(&single, &mixed.join("fedmr"));
+    copy(&group.join("s1"), &twice.join("a"));
+    copy(&group.join("s1"), &twice.join("b"));
+    let (mixed, twice) = (mixed.display().to_string(), twice.display().to_string());
+    for command in ["compare", "plot"] {
+        fails(
+            &[command, &mixed],
+            "are not seeds of one setting (`algorithm = \"fedmr\"` against `algorithm = \"fedavg\"`)",
+        );
+        fails(&[command, &twice], "are both seed 1 of one setting");
+    }
 }
 
 /// `fl landscape` on a short run: a grid of losses with the trained model at (or next to) the
