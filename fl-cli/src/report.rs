@@ -81,16 +81,16 @@ pub fn load_group(dir: &Path) -> anyhow::Result<RunGroup> {
 
 /// Refuses a group whose runs are not the seeds of one setting: their `config.toml`s must
 /// agree but for the seed, the directory and what a resume may change (rounds, threads, ...),
-/// and no seed may come twice (a copied run would shrink the spread). Runs without a
-/// `config.toml` (written by the library, not by `fl`) are not checked.
+/// and no seed may come twice (a copied run would shrink the spread). Groups with a run
+/// without a readable `config.toml` (written by the library, not by `fl`, or by a version
+/// whose settings this one no longer reads) are not checked: their metrics still plot.
 fn check_one_setting(runs: &[PathBuf]) -> anyhow::Result<()> {
     let mut configs = Vec::new();
     for run in runs {
-        let path = run.join("config.toml");
-        if !path.is_file() {
+        let Ok(cfg) = RunConfig::from_file(&run.join("config.toml")) else {
             return Ok(());
-        }
-        configs.push((run, RunConfig::from_file(&path)?));
+        };
+        configs.push((run, cfg));
     }
     let Some((first, base)) = configs.first() else {
         return Ok(());
