@@ -328,10 +328,9 @@ impl RunConfig {
                 matches!(&self.algorithm, Algorithm::Fedmr(s) if s.secure),
                 "--secure",
             ),
-            "public_fraction" | "test_fraction" | "max_samples" | "fine_tune_steps" => only_with(
-                r.personal || matches!(self.algorithm, Algorithm::Pfedclub(_)),
-                "--personal",
-            ),
+            "public_fraction" | "test_fraction" | "max_samples" | "fine_tune_steps" => {
+                only_with(self.is_personal(), "--personal")
+            }
             // The K models are scored on the shared test set, which a per-client run lacks.
             "eval_models" => r
                 .personal
@@ -364,6 +363,12 @@ impl RunConfig {
             table.insert(name.into(), Value::Table(section));
         }
         toml::to_string(&table).expect("a TOML table serialises")
+    }
+
+    /// Whether clients keep personal models, evaluated on their own test portions of the
+    /// pooled data (pFedClub, `--personal`): the partition then indexes the pooled samples.
+    pub fn is_personal(&self) -> bool {
+        self.run.personal || matches!(self.algorithm, Algorithm::Pfedclub(_))
     }
 
     /// The run's label in directory names and summaries (pFedClub's variant).

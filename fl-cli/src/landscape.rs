@@ -11,6 +11,7 @@ use fl_models::with_model;
 use plotters::prelude::*;
 use rand::SeedableRng;
 
+use crate::algorithms::Algorithm;
 use crate::backend;
 use crate::config::RunConfig;
 
@@ -48,6 +49,13 @@ pub fn landscape(run: &Path, args: &LandscapeArgs, out: &Path) -> anyhow::Result
     crate::plot::check_output_dir(out)?;
     let cfg = RunConfig::from_file(&run.join("config.toml"))
         .with_context(|| format!("{} is not a run directory", run.display()))?;
+    if let Algorithm::Pfedclub(_) = cfg.algorithm {
+        bail!(
+            "{} is a run of `fl pfedclub` (variant {}): its clients keep their own models, of several architectures, and there is no global model to draw",
+            run.display(),
+            cfg.label()
+        );
+    }
     let weights = run.join(fl_core::engine::files::MODEL);
     if !weights.is_file() {
         bail!(

@@ -356,20 +356,29 @@ pub fn partition(run: Option<&Path>, args: &RunArgs, image: &Path) -> anyhow::Re
             _ => {}
         }
     }
-    let cfg = match run {
+    let config = match run {
         Some(dir) => RunConfig::from_file(&dir.join("config.toml"))
             .with_context(|| format!("{} is not a run directory", dir.display()))?,
         None => RunConfig::resolve(Some(&Algorithm::with_defaults("fedavg")?), args)?,
-    }
-    .run;
+    };
+    let cfg = &config.run;
     let data = load_dataset(cfg.dataset_kind()?, cfg.data_dir.as_deref())?;
-    let partition = match run {
-        Some(dir) => {
+    // A personalised run's clients train on their portions of the pooled samples (train and
+    // test sets), which its partition indexes.
+    let (data, drawn) = if config.is_personal() {
+        let p = personal_data(cfg, &data)?;
+        (p.data, Some(p.partition))
+    } else {
+        (data, None)
+    };
+    let partition = match (run, drawn) {
+        (Some(dir), _) => {
             let p = Partition::load(&dir.join("partition.json"))?;
             p.validate(data.train.len())?;
             p
         }
-        None => build_partition(&mut cfg.clone(), &data)?,
+        (None, Some(drawn)) => drawn,
+        (None, None) => build_partition(&mut cfg.clone(), &data)?,
     };
     let scheme = match cfg.partition {
         PartitionKind::Dirichlet => format!("Dirichlet {}", cfg.alpha),

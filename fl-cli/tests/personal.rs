@@ -21,6 +21,35 @@ fn global_methods_are_evaluated_on_each_clients_own_test_portion() {
     run("fedavg", "", 2, &plain);
     run("fedavg", "--fine-tune-steps 3", 2, &tuned);
     assert!(plain.join("split.json").is_file());
+    // `fl partition` draws the clients' training portions of the pooled samples, for the run
+    // and for the same flags.
+    let csv = |name: &str, args: &[&str]| {
+        let image = dir.path().join(format!("{name}.png"));
+        let o = fl(&[&["partition", "-o", image.to_str().unwrap()], args].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        std::fs::read_to_string(image.with_extension("csv")).unwrap()
+    };
+    let of_run = csv("of-run", &["--run", plain.to_str().unwrap()]);
+    assert_eq!(of_run, csv("of-flags", &words(SPLIT)));
+    let split: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(plain.join("split.json")).unwrap()).unwrap();
+    let sizes: Vec<usize> = of_run
+        .lines()
+        .skip(1)
+        .map(|l| {
+            l.split(',')
+                .skip(1)
+                .map(|n| n.parse::<usize>().unwrap())
+                .sum()
+        })
+        .collect();
+    let train: Vec<usize> = split["train"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_array().unwrap().len())
+        .collect();
+    assert_eq!(sizes, train);
     let (p, t) = (metrics(&plain), metrics(&tuned));
     for m in &p {
         let accs: Vec<f64> = m["client_acc"]
@@ -157,5 +186,22 @@ fn personal_split_settings_are_checked_and_old_configs_still_read() {
     assert!(
         top.contains("max_samples = 900") && top.contains("test_fraction = 0.3"),
         "{config}"
+    );
+    // A pFedClub run's partition indexes its pooled samples too.
+    let image = dir.path().join("club.png");
+    let o = fl(&[
+        "partition",
+        "--run",
+        run.to_str().unwrap(),
+        "-o",
+        image.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.starts_with("8 clients:"), "{said}");
+    // It has no global model for `fl landscape`; it has finished, though.
+    fails(
+        &["landscape", run.to_str().unwrap()],
+        "is a run of `fl pfedclub` (variant local): its clients keep their own models",
     );
 }
