@@ -32,6 +32,9 @@ pub fn start(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<()> 
     let Some(seeds) = &args.seeds else {
         return run_one(&cfg, resume, args.quiet);
     };
+    if let Some(seed) = crate::config::first_repeated(seeds) {
+        bail!("--seeds lists {seed} twice: both runs would share one directory");
+    }
     let r = &cfg.run;
     let base = r.out.clone().unwrap_or_else(|| {
         Path::new("runs").join(format!("{}-{}-{}", cfg.label(), r.dataset, r.model))

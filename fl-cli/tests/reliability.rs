@@ -98,6 +98,10 @@ fn bad_settings_are_refused_before_the_run_directory_exists() {
             "--classes-per-client 3",
             "--classes-per-client does not apply to --partition dirichlet",
         ),
+        (
+            "--seeds 1,2,1",
+            "--seeds lists 1 twice: both runs would share one directory",
+        ),
         // A tiny α is printed as written, not as 300 digits.
         (
             "--alpha 1e-300 --clients 50 --min-client-size 1000",
