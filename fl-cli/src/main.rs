@@ -176,7 +176,8 @@ enum Command {
         /// Target directory (default: ~/.cache/fl/DATASET, searched by dataset resolution).
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
-        /// Fetch the canonical file names from this base URL instead (a local mirror).
+        /// Fetch the canonical file names from this base URL instead (a mirror): http(s)://,
+        /// file://, or a directory holding them. Verified all the same.
         #[arg(long, value_name = "URL")]
         mirror: Option<String>,
         /// No progress bar (also automatic when stderr is not a terminal).

@@ -503,6 +503,17 @@ pub fn download(
     let kind: fl_data::DatasetKind = dataset.parse()?;
     let mut files = fl_data::download::sources(kind)?;
     if let Some(base) = mirror {
+        match fl_data::download::local_path(base) {
+            Some(path) if !path.is_dir() => {
+                bail!("--mirror {base}: no such directory")
+            }
+            None if !(base.starts_with("http://") || base.starts_with("https://")) => {
+                bail!(
+                    "--mirror must be an http://, https:// or file:// URL or a directory, got {base}"
+                )
+            }
+            _ => {}
+        }
         files = files.iter().map(|f| f.from_mirror(base)).collect();
     }
     let dir = match dir {
@@ -510,6 +521,9 @@ pub fn download(
         None => fl_data::download::default_dir(kind)
             .context("no home directory for the cache; pass --dir")?,
     };
+    if dir.exists() && !dir.is_dir() {
+        bail!("--dir {}: not a directory", dir.display());
+    }
     let quiet = quiet || !std::io::stderr().is_terminal();
     fl_data::download::download(&files, &dir, &mut DownloadBar { bar: None, quiet })?;
     println!("{kind}: files verified in {}", dir.display());

@@ -728,6 +728,37 @@ fn download_errors_are_one_line() {
         "{err}"
     );
     assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+    // A directory is a mirror too, verified the same: Debian's Fashion-MNIST files are
+    // recompressed, so they are not the canonical bytes.
+    let target_s = target.display().to_string();
+    fails(
+        &[
+            "download",
+            "fashion-mnist",
+            "--quiet",
+            "--mirror",
+            DEBIAN_FMNIST,
+            "--dir",
+            &target_s,
+        ],
+        "train-images-idx3-ubyte.gz: got 26421856 bytes, expected 26421880: an interrupted transfer, or not the canonical file",
+    );
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+    for (mirror, expected) in [
+        (
+            "ftp://x",
+            "--mirror must be an http://, https:// or file:// URL or a directory",
+        ),
+        (
+            "file:///nonexistent",
+            "--mirror file:///nonexistent: no such directory",
+        ),
+    ] {
+        fails(
+            &["download", "mnist", "--mirror", mirror, "--dir", &target_s],
+            expected,
+        );
+    }
     for (dataset, expected) in [("femnist", "LEAF"), ("imagenet", "unknown dataset")] {
         let o = fl(&["download", dataset, "--quiet"]);
         assert_eq!(o.status.code(), Some(1));

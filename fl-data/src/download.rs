@@ -240,14 +240,30 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The local path a mirror URL names: a `file://` URL or a plain path (no `scheme://`).
+pub fn local_path(url: &str) -> Option<&Path> {
+    match url.strip_prefix("file://") {
+        Some(path) => Some(Path::new(path)),
+        None => (!url.contains("://")).then(|| Path::new(url)),
+    }
+}
+
+/// A reader of `url`'s bytes: a local file, or an HTTP(S) response body.
+fn open(url: &str) -> Result<Box<dyn Read>, String> {
+    if let Some(path) = local_path(url) {
+        return File::open(path)
+            .map(|f| Box::new(f) as Box<dyn Read>)
+            .map_err(|e| e.to_string());
+    }
+    let response = ureq::get(url).call().map_err(|e| e.to_string())?;
+    Ok(Box::new(response.into_body().into_reader()))
+}
+
 /// Streams `file` into `target.part`, checks size and digest, then renames it to `target`.
 fn fetch(file: &RemoteFile, target: &Path, progress: &mut dyn Progress) -> Result<(), DataError> {
     let fail = |problem: String| DataError::Download(format!("{}: {problem}", file.url));
     let part = target.with_file_name(format!("{}.part", file.name));
-    let response = ureq::get(&file.url)
-        .call()
-        .map_err(|e| fail(e.to_string()))?;
-    let mut body = response.into_body().into_reader();
+    let mut body = open(&file.url).map_err(fail)?;
     let out = File::create(&part).map_err(|source| DataError::Io {
         path: part.clone(),
         source,
@@ -280,7 +296,7 @@ fn fetch(file: &RemoteFile, target: &Path, progress: &mut dyn Progress) -> Resul
         })?;
         if received != file.size {
             return Err(fail(format!(
-                "got {received} bytes, expected {} (interrupted?)",
+                "got {received} bytes, expected {}: an interrupted transfer, or not the canonical file",
                 file.size
             )));
         }
@@ -366,6 +382,30 @@ mod tests {
             sha256: hex(&Sha256::digest(body)),
             unpack,
         }
+    }
+
+    #[test]
+    fn a_local_mirror_is_a_directory_or_a_file_url() {
+        let mirror = tempfile::tempdir().unwrap();
+        let body = b"mirrored bytes".to_vec();
+        std::fs::write(mirror.path().join("m.bin"), &body).unwrap();
+        let plain = mirror.path().display().to_string();
+        for base in [plain.clone(), format!("file://{plain}")] {
+            let dir = tempfile::tempdir().unwrap();
+            let file = remote(&base, "m.bin", &body, Unpack::Keep);
+            download(&[file], dir.path(), &mut ()).unwrap();
+            assert_eq!(std::fs::read(dir.path().join("m.bin")).unwrap(), body);
+        }
+        // Verified all the same: other bytes under the canonical name are refused.
+        let dir = tempfile::tempdir().unwrap();
+        let mut file = remote(&plain, "m.bin", &body, Unpack::Keep);
+        file.sha256 = "0".repeat(64);
+        let err = download(&[file], dir.path(), &mut ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("SHA-256"), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        assert_eq!(local_path("https://x/y"), None);
     }
 
     #[test]
