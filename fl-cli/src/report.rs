@@ -344,7 +344,6 @@ struct RunSummary {
     /// Wall-clock seconds (training, aggregation, evaluation) until the target was reached.
     seconds_to_target: Option<f64>,
     megabytes: f64,
-    rounds: usize,
 }
 
 /// Parses `--target`: an accuracy as a fraction in (0, 1], as `metrics.jsonl` keeps it.
@@ -375,7 +374,6 @@ fn summarise(run: &[RoundMetrics], target: f64) -> Option<RunSummary> {
             })
         },
         megabytes: run.iter().map(round_bytes).sum::<f64>() / 1e6,
-        rounds: run.last().map_or(0, |m| m.round),
     })
 }
 
@@ -406,10 +404,24 @@ pub fn compare_table(
     ];
     let mut rows = vec![header.to_vec()];
     for g in groups {
+        // Seeds are compared over the rounds all of them ran, as `curve` draws them: a mean of
+        // finals at different rounds would mislead.
+        let last = |r: &Vec<RoundMetrics>| r.last().map_or(0, |m| m.round);
+        let common = g.runs.iter().map(last).min().unwrap_or(0);
+        let longest = g.runs.iter().map(last).max().unwrap_or(0);
+        if common < longest {
+            tracing::warn!(
+                "{}: its runs reached rounds {common} to {longest}; compared over the first {common}, which all ran",
+                g.label
+            );
+        }
         let summaries: Vec<RunSummary> = g
             .runs
             .iter()
-            .map(|r| summarise(r, target))
+            .map(|r| {
+                let ran = r.partition_point(|m| m.round <= common);
+                summarise(&r[..ran], target)
+            })
             .collect::<Option<_>>()
             .with_context(|| format!("{}: a run has no evaluated round", g.label))?;
         let pm = |xs: Vec<f64>, scale: f64| {
@@ -444,12 +456,7 @@ pub fn compare_table(
         rows.push(vec![
             g.label.clone(),
             summaries.len().to_string(),
-            summaries
-                .iter()
-                .map(|s| s.rounds)
-                .max()
-                .unwrap_or(0)
-                .to_string(),
+            common.to_string(),
             pm(summaries.iter().map(|s| s.final_acc).collect(), 100.0),
             pm(summaries.iter().map(|s| s.best_acc).collect(), 100.0),
             rounds_to,
@@ -598,7 +605,15 @@ mod tests {
         };
         let csv = compare_table(&[first], 0.8, TableFormat::Csv).unwrap();
         assert_eq!(csv.lines().nth(1).unwrap(), "fedx,1,3,90.00,90.00,3,9,3.00");
-        let csv = compare_table(&[g], 0.5, TableFormat::Csv).unwrap();
+        let csv = compare_table(std::slice::from_ref(&g), 0.5, TableFormat::Csv).unwrap();
+        assert_eq!(
+            csv.lines().nth(1).unwrap(),
+            "fedx,2,3,80.00+-14.14,80.00+-14.14,1,3,3.00+-0.00"
+        );
+        // A seed that ran longer is compared over the rounds both ran (as the curve is drawn).
+        let mut longer = g.clone();
+        longer.runs[0].push(round(4, Some(0.95)));
+        let csv = compare_table(&[longer], 0.5, TableFormat::Csv).unwrap();
         assert_eq!(
             csv.lines().nth(1).unwrap(),
             "fedx,2,3,80.00+-14.14,80.00+-14.14,1,3,3.00+-0.00"
