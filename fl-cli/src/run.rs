@@ -76,6 +76,24 @@ fn resolve(command: Option<&Algorithm>, args: &RunArgs) -> anyhow::Result<(RunCo
     let Some(dir) = &args.resume else {
         return Ok((RunConfig::resolve(command, args)?, false));
     };
+    if !dir.join("config.toml").exists() {
+        // A directory of runs (--seeds, a sweep cell): say which to resume.
+        let mut runs: Vec<_> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join("config.toml").is_file())
+            .collect();
+        runs.sort();
+        if let Some(first) = runs.first() {
+            bail!(
+                "{} holds {} runs, not one: resume each, e.g. --resume {}",
+                dir.display(),
+                runs.len(),
+                first.display()
+            );
+        }
+    }
     let mut cfg = RunConfig::from_file(&dir.join("config.toml"))
         .with_context(|| format!("{} is not a run directory", dir.display()))?;
     if let Some(command) = command

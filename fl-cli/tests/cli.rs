@@ -417,6 +417,11 @@ fn plot_and_compare_summarise_seed_groups() {
             "'80' is not an accuracy in (0, 1]",
         ),
         (vec!["compare", &g, "--target", "NaN"], "is not an accuracy"),
+        // --seeds wrote a directory of runs: each is resumed on its own.
+        (
+            vec!["fedavg", "--resume", &g],
+            "holds 2 runs, not one: resume each, e.g. --resume",
+        ),
     ] {
         fails(&args, expected);
     }
