@@ -380,6 +380,30 @@ mod tests {
         }
     }
 
+    /// Maps narrower than the padding (a 5×5 "same" convolution on 1×1 to 3×2 maps, as CNN2
+    /// and CNN3 reach on small images): no kernel column lies inside, and the results still
+    /// agree with Burn's.
+    #[test]
+    fn convolutions_on_maps_smaller_than_the_kernel_match_burn() {
+        let device = Device::flex().autodiff();
+        let conv = Conv2dConfig::new([4, 6], [5, 5])
+            .with_padding(PaddingConfig2d::Explicit(2, 2, 2, 2))
+            .init(&device);
+        for [h, w] in [[1, 1], [1, 2], [2, 1], [2, 2], [3, 2]] {
+            let x = Tensor::<4>::random([3, 4, h, w], Distribution::Normal(0.0, 1.0), &device)
+                .require_grad();
+            let ours = conv2d_forward(&conv, x.clone());
+            let burns = conv.forward(x.clone());
+            close(ours.clone(), burns.clone());
+            let probe = Tensor::<4>::random(burns.dims(), Distribution::Normal(0.0, 1.0), &device);
+            let g_ours = (ours * probe.clone()).sum().backward();
+            let g_burn = (burns * probe).sum().backward();
+            close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
+            let w = &conv.weight;
+            close(w.grad(&g_ours).unwrap(), w.grad(&g_burn).unwrap());
+        }
+    }
+
     #[test]
     fn max_pooling_and_its_gradient_match_burn() {
         let device = Device::flex().autodiff();

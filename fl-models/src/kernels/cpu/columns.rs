@@ -78,7 +78,9 @@ fn im2col_generic(g: &Conv2dGeometry, x: &[f32], col: &mut [f32], stride: usize)
                     let src = &plane[iy * w..(iy + 1) * w];
                     dst[..lo].fill(0.0);
                     dst[hi..].fill(0.0);
-                    if sw == 1 {
+                    // `hi > lo`: on a map narrower than the padding no column is inside, and
+                    // `lo + kx - pw` would wrap.
+                    if sw == 1 && hi > lo {
                         let start = lo + kx - pw;
                         copy_short(&mut dst[lo..hi], &src[start..start + (hi - lo)]);
                     } else if sw == 2 && hi > lo {
@@ -131,7 +133,7 @@ fn col2im_add_generic(g: &Conv2dGeometry, col: &[f32], dx: &mut [f32], stride: u
                     }
                     let src = &row[oy * ow..(oy + 1) * ow];
                     let dst = &mut plane[iy * w..(iy + 1) * w];
-                    if sw == 1 {
+                    if sw == 1 && hi > lo {
                         let start = lo + kx - pw;
                         for (d, s) in dst[start..start + (hi - lo)].iter_mut().zip(&src[lo..hi]) {
                             *d += s;
