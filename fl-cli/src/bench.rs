@@ -152,6 +152,9 @@ pub fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     if let Some(m) = crate::config::first_repeated(&args.models) {
         anyhow::bail!("--models lists {m} twice");
     }
+    for model in &args.models {
+        model.check_input(args.input)?;
+    }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
         .build()

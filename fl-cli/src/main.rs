@@ -195,6 +195,10 @@ enum Command {
         /// Dataset whose input shape and classes to use.
         #[arg(long, default_value = "fashion-mnist")]
         dataset: String,
+        /// Where an image folder's images are (`--dataset image-folder`: its shape and
+        /// classes are read from them).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
     },
 }
 
@@ -412,7 +416,7 @@ fn main() -> ExitCode {
         } => load_groups(&runs)
             .and_then(|g| report::compare_table(&g, target, format))
             .map(|table| print!("{table}")),
-        Command::Models { dataset } => run::list_models(&dataset),
+        Command::Models { dataset, data_dir } => run::list_models(&dataset, data_dir.as_deref()),
         Command::Sweep { command } => sweep_command(command),
         Command::Download {
             dataset,

@@ -134,6 +134,7 @@ pub fn run_one(cfg: &RunConfig, resume: bool, quiet: bool) -> anyhow::Result<()>
         return pfedclub::run_one(cfg, club, &data, resume, quiet);
     }
     let model_kind = cfg.run.model_kind()?;
+    model_kind.check_input(data.train.image_shape())?;
     let mut cfg = cfg.clone();
     // With --personal, pFedClub's split: per-client test portions of the pooled data.
     let (data, partition, split) = if cfg.run.personal {
@@ -453,14 +454,35 @@ fn natural_partition(
     Ok(partition)
 }
 
-/// `fl models`.
-pub fn list_models(dataset: &str) -> anyhow::Result<()> {
+/// `fl models`: for `dataset`'s input shape and classes, read from `data_dir` where the
+/// dataset has no fixed ones (image folders).
+pub fn list_models(dataset: &str, data_dir: Option<&Path>) -> anyhow::Result<()> {
     let kind: fl_data::DatasetKind = dataset.parse()?;
-    let (Some(shape), Some(classes)) = (kind.image_shape(), kind.num_classes()) else {
-        bail!("{kind} has no fixed image shape; its size is known once the folder is read");
+    let (shape, classes) = match (kind.image_shape(), kind.num_classes()) {
+        (Some(_), Some(_)) if data_dir.is_some() => {
+            bail!("--data-dir applies only to --dataset image-folder: {kind}'s shape is fixed")
+        }
+        (Some(shape), Some(classes)) => (shape, classes),
+        _ => {
+            let Some(dir) = data_dir else {
+                bail!(
+                    "{kind} has no fixed image shape: pass --data-dir DIR to read it from the folder"
+                );
+            };
+            let data = load_dataset(kind, Some(dir))?;
+            (data.train.image_shape(), data.train.num_classes())
+        }
     };
     let device: Device = backend::device();
     for &m in ModelKind::all() {
+        if m.check_input(shape).is_err() {
+            let min = m.min_side();
+            println!(
+                "{:<12} needs images of at least {min}×{min} pixels",
+                m.name()
+            );
+            continue;
+        }
         let (params, blocks) = with_model!(m, shape, classes, &device, |model| (
             fl_core::ParamTable::from_module(&model).num_trainable(),
             model.blocks()

@@ -181,3 +181,59 @@ fn client_sizes(out: &std::path::Path) -> Vec<usize> {
         .map(|c| c.as_array().unwrap().len())
         .collect()
 }
+
+/// An image folder of the user's own small images (8×8 greyscale PNGs): the models that fit
+/// are listed and train, those that do not are refused before anything is written.
+#[test]
+fn an_image_folder_of_small_images_runs_on_the_models_that_fit() {
+    let dir = tmp();
+    let data = dir.path().join("imgs");
+    for (split, per_class) in [("train", 12), ("test", 4)] {
+        for class in ["ant", "bee", "cat"] {
+            let folder = data.join(split).join(class);
+            std::fs::create_dir_all(&folder).unwrap();
+            for i in 0..per_class {
+                let img = image::GrayImage::from_fn(8, 8, |x, y| {
+                    image::Luma([((x * 31 + y * 17 + i * 7) % 256) as u8])
+                });
+                img.save(folder.join(format!("{i:02}.png"))).unwrap();
+            }
+        }
+    }
+    let data_s = data.display().to_string();
+    let o = fl(&["models", "--dataset", "image-folder", "--data-dir", &data_s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let listing = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        listing.contains("cnn          needs images of at least 16×16 pixels"),
+        "{listing}"
+    );
+    assert!(listing.contains("  conv1      [1, 8, 8]"), "{listing}");
+    fails(
+        &["models", "--data-dir", &data_s],
+        "--data-dir applies only to --dataset image-folder",
+    );
+    let run = |model: &str, out: &Path| {
+        fl_line(
+            &format!(
+                "fedavg --dataset image-folder --model {model} --clients 3 --sample 2 --rounds 1 \
+                 --local-epochs 1 --batch-size 8 --partition iid --quiet"
+            ),
+            &["--data-dir", &data_s, "--out", &out.display().to_string()],
+        )
+    };
+    let refused = dir.path().join("cnn");
+    let o = run("cnn", &refused);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("cnn needs images of at least 16×16 pixels, got 1×8×8"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!refused.exists());
+    // CNN3's three pools take 8×8 images to 1×1 maps under 5×5 convolutions.
+    let cnn3 = dir.path().join("cnn3");
+    let o = run("cnn3", &cnn3);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(metrics(&cnn3).len(), 1);
+}

@@ -8,7 +8,8 @@ use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Features};
 
-use crate::common::run_blocks;
+use crate::ModelKind;
+use crate::common::{check_input, run_blocks};
 
 /// Configuration of [`Cnn`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -41,6 +42,7 @@ pub struct Cnn {
 impl CnnConfig {
     /// Builds the model on `device` (weights drawn from the device's RNG: seed it first).
     pub fn init(&self, device: &Device) -> Cnn {
+        check_input(ModelKind::Cnn, self.input_shape);
         let [c, h, w] = self.input_shape;
         let (ch1, ch2, hidden): (usize, usize, &[usize]) = if c == 1 {
             (16, 32, &[256])

@@ -8,7 +8,8 @@ use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Features};
 
-use crate::common::run_blocks;
+use crate::ModelKind;
+use crate::common::{check_input, run_blocks};
 
 /// Configuration of [`CnnFedAvg`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -36,6 +37,7 @@ pub struct CnnFedAvg {
 impl CnnFedAvgConfig {
     /// Builds the model on `device` (weights drawn from the device's RNG: seed it first).
     pub fn init(&self, device: &Device) -> CnnFedAvg {
+        check_input(ModelKind::CnnFedavg, self.input_shape);
         let [c, h, w] = self.input_shape;
         let (h1, w1) = ((h - 4) / 2, (w - 4) / 2);
         let (h2, w2) = ((h1 - 4) / 2, (w1 - 4) / 2);

@@ -9,6 +9,8 @@ use fl_core::layers::BlockSpec;
 use fl_core::rng::forward_bernoulli;
 use fl_core::{BlockForward, Features, ParamTable, map_in_chunks};
 
+use crate::ModelKind;
+
 /// Runs blocks `blocks` of `model` in order on `x`.
 pub(crate) fn run_blocks<M: BlockForward>(
     model: &M,
@@ -164,14 +166,12 @@ pub(crate) fn block(
     }
 }
 
-/// Checks that an input of `[c, h, w]` is large enough for a model whose feature extractor
-/// needs at least `min` pixels per side.
-pub(crate) fn check_input(model: &str, shape: [usize; 3], min: usize) {
-    let [c, h, w] = shape;
-    assert!(
-        c > 0 && h >= min && w >= min,
-        "{model} needs inputs of at least 1×{min}×{min}, got {c}×{h}×{w}"
-    );
+/// Panics unless images of `[c, h, w]` fit `model` ([`ModelKind::check_input`], which callers
+/// with user data check first).
+pub(crate) fn check_input(model: ModelKind, shape: [usize; 3]) {
+    if let Err(e) = model.check_input(shape) {
+        panic!("{e}");
+    }
 }
 
 /// Dropout whose masks come from the local trainer's per-client stream

@@ -128,6 +128,52 @@ impl FromStr for ModelKind {
     }
 }
 
+/// Images too small for a model: its pooling and strided layers would leave no pixel.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{model} needs images of at least {min}×{min} pixels, got {}×{}×{}",
+    shape[0], shape[1], shape[2]
+)]
+pub struct InputTooSmall {
+    /// The model.
+    pub model: ModelKind,
+    /// Its smallest side ([`ModelKind::min_side`]).
+    pub min: usize,
+    /// The images' `[c, h, w]`.
+    pub shape: [usize; 3],
+}
+
+impl ModelKind {
+    /// The smallest image side (height and width) the model takes: the FedMR and FedAvg CNNs'
+    /// unpadded 5×5 convolutions and VGG-16's five pools need 16, the MobileNets' strides and
+    /// CNN3's and CNN4's three pools 8, the ResNets and CNN1–CNN2 4 (a test trains every
+    /// model at its minimum, on 1 and 3 channels).
+    pub fn min_side(self) -> usize {
+        match self {
+            Self::Cnn | Self::CnnFedavg | Self::Vgg16 => 16,
+            Self::MobilenetV1 | Self::MobilenetV2 | Self::MobilenetV3 | Self::Cnn3 | Self::Cnn4 => {
+                8
+            }
+            Self::Resnet20 | Self::Resnet20Ref | Self::Cnn1 | Self::Cnn2 => 4,
+        }
+    }
+
+    /// Whether images of `shape` (`[c, h, w]`, at least one channel) fit the model.
+    pub fn check_input(self, shape: [usize; 3]) -> Result<(), InputTooSmall> {
+        let [c, h, w] = shape;
+        let min = self.min_side();
+        if c > 0 && h >= min && w >= min {
+            Ok(())
+        } else {
+            Err(InputTooSmall {
+                model: self,
+                min,
+                shape,
+            })
+        }
+    }
+}
+
 impl std::fmt::Display for ModelKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -287,6 +333,30 @@ mod tests {
             ModelKind::Cnn2 => 4_458_570,
             ModelKind::Cnn3 => 3_750_986,
             ModelKind::Cnn4 => 1_569_130,
+        }
+    }
+
+    /// Every model trains and evaluates at its smallest side, on 1 and 3 channels, and one
+    /// pixel less is refused before a model is built.
+    #[test]
+    fn every_model_runs_at_its_smallest_input() {
+        for &kind in ModelKind::all() {
+            for c in [1, 3] {
+                let min = kind.min_side();
+                assert!(kind.check_input([c, min, min]).is_ok());
+                let e = kind.check_input([c, min - 1, min]).unwrap_err().to_string();
+                assert!(e.contains(&format!("at least {min}×{min}")), "{e}");
+                let ad = Device::flex().autodiff();
+                with_model!(kind, [c, min, min], 10, &ad, |m| {
+                    let x = Tensor::<4>::random([2, c, min, min], Distribution::Default, &ad);
+                    let _ = m.forward(x).sum().backward();
+                });
+                let d = Device::flex();
+                with_model!(kind, [c, min, min + 3], 10, &d, |m| {
+                    let x = Tensor::<4>::random([3, c, min, min + 3], Distribution::Default, &d);
+                    assert_eq!(m.forward(x).dims(), [3, 10], "{kind}");
+                });
+            }
         }
     }
 

@@ -11,6 +11,7 @@ use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Classifier, Features};
 
+use crate::ModelKind;
 use crate::common::{Dropout, block, bn, check_input, conv, fc_stack, out_size};
 
 /// Configuration of the MobileNets ([`MobileNetConfig::init_v1`], [`MobileNetConfig::init_v2`],
@@ -195,7 +196,7 @@ impl MobileNetConfig {
             })
             .collect();
         self.build(
-            "mobilenet-v1",
+            ModelKind::MobilenetV1,
             Recipe {
                 stem: (32, Activation::Relu),
                 units,
@@ -239,7 +240,7 @@ impl MobileNetConfig {
             }
         }
         self.build(
-            "mobilenet-v2",
+            ModelKind::MobilenetV2,
             Recipe {
                 stem: (32, Activation::Relu6),
                 units,
@@ -283,7 +284,7 @@ impl MobileNetConfig {
             })
             .collect();
         self.build(
-            "mobilenet-v3",
+            ModelKind::MobilenetV3,
             Recipe {
                 stem: (16, HS),
                 units,
@@ -296,8 +297,8 @@ impl MobileNetConfig {
         )
     }
 
-    fn build(&self, name: &str, recipe: Recipe, device: &Device) -> MobileNet {
-        check_input(name, self.input_shape, 8);
+    fn build(&self, kind: ModelKind, recipe: Recipe, device: &Device) -> MobileNet {
+        check_input(kind, self.input_shape);
         let [c, mut h, mut w] = self.input_shape;
         let (stem_width, stem_act) = recipe.stem;
         let mut specs = vec![block(

@@ -13,6 +13,7 @@ use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Features};
 
+use crate::ModelKind;
 use crate::common::{block, bn, check_input, conv, out_size};
 
 /// Configuration of [`ResNet20`] and [`ResNet20Ref`].
@@ -95,7 +96,7 @@ pub struct ResNet20 {
 impl ResNetConfig {
     /// Builds [`ResNet20`] on `device` (weights drawn from the device's RNG: seed it first).
     pub fn init_resnet20(&self, device: &Device) -> ResNet20 {
-        check_input("resnet20", self.input_shape, 4);
+        check_input(ModelKind::Resnet20, self.input_shape);
         let [c, h, w] = self.input_shape;
         let mut specs = vec![block(
             "stem",
@@ -124,7 +125,7 @@ impl ResNetConfig {
 
     /// Builds [`ResNet20Ref`] on `device` (weights drawn from the device's RNG: seed it first).
     pub fn init_resnet20_ref(&self, device: &Device) -> ResNet20Ref {
-        check_input("resnet20-ref", self.input_shape, 4);
+        check_input(ModelKind::Resnet20Ref, self.input_shape);
         let [c, h, w] = self.input_shape;
         let mut specs = vec![block(
             "stem",

@@ -10,6 +10,7 @@ use burn::tensor::{Device, Tensor};
 use fl_core::layers::BlockSpec;
 use fl_core::{BlockForward, Features};
 
+use crate::ModelKind;
 use crate::common::{Dropout, block, bn, check_input, conv, run_blocks};
 
 /// Configuration of [`Vgg16`].
@@ -57,7 +58,7 @@ pub struct Vgg16 {
 impl Vgg16Config {
     /// Builds the model on `device` (weights drawn from the device's RNG: seed it first).
     pub fn init(&self, device: &Device) -> Vgg16 {
-        check_input("vgg16", self.input_shape, 16);
+        check_input(ModelKind::Vgg16, self.input_shape);
         let [c, mut h, mut w] = self.input_shape;
         let (mut features, mut specs, mut input) = (Vec::new(), Vec::new(), c);
         let widths: Vec<(usize, bool)> = LAYOUT

@@ -438,6 +438,10 @@ pub fn run_one(
     // On unless turned off: the zoos' MobileNets train side by side (README "Speed").
     let ad = backend::training_device(run.gradient_checkpointing.unwrap_or(true));
     let (shape, classes) = (pooled.image_shape(), pooled.num_classes());
+    let knowledge = (setup.variant == Variant::Fedkemf).then_some(setup.knowledge_net);
+    for kind in kinds.iter().copied().chain(knowledge) {
+        kind.check_input(shape)?;
+    }
     let width = setup.representation();
     let heterofl = setup.variant == Variant::Heterofl;
     let knowledge_net = setup.knowledge_net;
