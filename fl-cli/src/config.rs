@@ -159,6 +159,11 @@ pub(crate) fn first_repeated<T: PartialEq + Copy>(items: &[T]) -> Option<T> {
     (1..items.len()).find_map(|i| items[..i].contains(&items[i]).then_some(items[i]))
 }
 
+/// The first line at which two configurations' TOML texts differ, if any does.
+pub(crate) fn first_difference<'a>(a: &'a str, b: &'a str) -> Option<(&'a str, &'a str)> {
+    a.lines().zip(b.lines()).find(|(x, y)| x != y)
+}
+
 /// All cores: the default of `--threads`.
 pub(crate) fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -106,10 +106,7 @@ fn check_one_setting(runs: &[PathBuf]) -> anyhow::Result<()> {
     for (i, (run, cfg)) in configs.iter().enumerate() {
         let have = setting(cfg);
         if have != want {
-            let diff = want
-                .lines()
-                .zip(have.lines())
-                .find(|(a, b)| a != b)
+            let diff = crate::config::first_difference(&want, &have)
                 .map_or(String::new(), |(a, b)| format!(" (`{a}` against `{b}`)"));
             bail!(
                 "{} and {} are not seeds of one setting{diff}: give them as separate runs",

@@ -57,10 +57,7 @@ fn start(entry: &Entry, threads: Option<usize>) -> anyhow::Result<()> {
         };
         let (was, now) = (normal(&before), normal(&cfg));
         if was != now {
-            let diff = now
-                .lines()
-                .zip(was.lines())
-                .find(|(a, b)| a != b)
+            let diff = crate::config::first_difference(&now, &was)
                 .map_or(String::new(), |(a, b)| format!(" (now `{a}`, was `{b}`)"));
             bail!(
                 "{} started with other settings{diff}; restore the sweep file or remove the directory",

@@ -358,25 +358,27 @@ mod tests {
         ];
         for config in configs {
             let conv = config.init(&device);
-            let x = Tensor::<4>::random(
-                [5, config.channels[0], 11, 10],
-                Distribution::Normal(0.0, 1.0),
-                &device,
-            )
-            .require_grad();
-            let ours = conv2d_forward(&conv, x.clone());
-            let burns = conv.forward(x.clone());
-            close(ours.clone(), burns.clone());
-            let probe = Tensor::<4>::random(burns.dims(), Distribution::Normal(0.0, 1.0), &device);
-            let g_ours = (ours * probe.clone()).sum().backward();
-            let g_burn = (burns * probe).sum().backward();
-            close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
-            let w = &conv.weight;
-            close(w.grad(&g_ours).unwrap(), w.grad(&g_burn).unwrap());
-            if let Some(b) = &conv.bias {
-                let (a, c) = (b.grad(&g_ours).unwrap(), b.grad(&g_burn).unwrap());
-                close(a.reshape([1, 1, 1, -1]), c.reshape([1, 1, 1, -1]));
-            }
+            conv_matches_burn(&conv, [5, config.channels[0], 11, 10]);
+        }
+    }
+
+    /// `conv`'s forward values and its input, weight and bias gradients on a random input of
+    /// `shape` agree with Burn's own convolution.
+    fn conv_matches_burn(conv: &burn::nn::conv::Conv2d, shape: [usize; 4]) {
+        let device = conv.weight.device();
+        let x = Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let ours = conv2d_forward(conv, x.clone());
+        let burns = conv.forward(x.clone());
+        close(ours.clone(), burns.clone());
+        let probe = Tensor::<4>::random(burns.dims(), Distribution::Normal(0.0, 1.0), &device);
+        let g_ours = (ours * probe.clone()).sum().backward();
+        let g_burn = (burns * probe).sum().backward();
+        close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
+        let w = &conv.weight;
+        close(w.grad(&g_ours).unwrap(), w.grad(&g_burn).unwrap());
+        if let Some(b) = &conv.bias {
+            let (a, c) = (b.grad(&g_ours).unwrap(), b.grad(&g_burn).unwrap());
+            close(a.reshape([1, 1, 1, -1]), c.reshape([1, 1, 1, -1]));
         }
     }
 
@@ -390,17 +392,7 @@ mod tests {
             .with_padding(PaddingConfig2d::Explicit(2, 2, 2, 2))
             .init(&device);
         for [h, w] in [[1, 1], [1, 2], [2, 1], [2, 2], [3, 2]] {
-            let x = Tensor::<4>::random([3, 4, h, w], Distribution::Normal(0.0, 1.0), &device)
-                .require_grad();
-            let ours = conv2d_forward(&conv, x.clone());
-            let burns = conv.forward(x.clone());
-            close(ours.clone(), burns.clone());
-            let probe = Tensor::<4>::random(burns.dims(), Distribution::Normal(0.0, 1.0), &device);
-            let g_ours = (ours * probe.clone()).sum().backward();
-            let g_burn = (burns * probe).sum().backward();
-            close(x.grad(&g_ours).unwrap(), x.grad(&g_burn).unwrap());
-            let w = &conv.weight;
-            close(w.grad(&g_ours).unwrap(), w.grad(&g_burn).unwrap());
+            conv_matches_burn(&conv, [3, 4, h, w]);
         }
     }
 
